@@ -1,0 +1,29 @@
+"""Representative configurations of every catalogue processor, as specs.
+
+Specs, not instances: every test builds fresh processors, so no cache or tracker state
+leaks from one backend's run into another's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anylogits.testing.probes  # noqa: F401  (registers the probe processors' specs)
+from anylogits import LogitsProcessor, from_spec
+
+PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
+    "temperature": {"type": "temperature", "temperature": 0.7},
+    "top_k": {"type": "top_k", "top_k": 5},
+    "top_p": {"type": "top_p", "top_p": 0.8},
+    "min_p": {"type": "min_p", "min_p": 0.2},
+    "repetition_penalty": {"type": "repetition_penalty", "penalty": 1.5},
+    "no_repeat_ngram": {"type": "no_repeat_ngram", "ngram_size": 2},
+    "min_new_tokens": {"type": "min_new_tokens", "min_new_tokens": 3, "eos_token_id": 1},
+    "logit_bias": {"type": "logit_bias", "bias": {"2": 3.0, "5": -2.0}},
+    "suppress_tokens": {"type": "suppress_tokens", "token_ids": [0, 4]},
+    "stateful_probe": {"type": "testing.generated_hash_bias", "bias": 4.0},
+}
+
+
+def build(name: str) -> LogitsProcessor:
+    return from_spec(PROCESSOR_SPECS[name])

@@ -1,0 +1,50 @@
+"""The conformance suite is parametrized by a `backend` fixture whose ids are backend
+names. Choose backends with `--backends a,b` or ANYLOGITS_BACKENDS; a backend that is not
+installed is skipped, a known gap is an explicit xfail with its reason."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conformance_tests.backends import BACKENDS, installed
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backends",
+        default=os.environ.get("ANYLOGITS_BACKENDS", "all"),
+        help="comma-separated backends to run conformance on (default: every installed one)",
+    )
+
+
+def _selected(config: pytest.Config) -> list[str]:
+    value = config.getoption("--backends")
+    names = list(BACKENDS) if value == "all" else [n.strip() for n in value.split(",") if n]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        raise pytest.UsageError(
+            f"--backends names unknown backend(s) {unknown}; known: {list(BACKENDS)}"
+        )
+    return names
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames:
+        return
+    params = []
+    for name in _selected(metafunc.config):
+        marks = [] if installed(name) else [pytest.mark.skip(reason=f"{name} is not installed")]
+        params.append(pytest.param(BACKENDS[name], id=name, marks=marks))
+    metafunc.parametrize("backend", params)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny random-weight Llama with the real llama-bpe vocabulary (HF folder)."""
+    pytest.importorskip("transformers")
+    from anylogits.testing.tiny_model import build_tiny_model
+
+    return build_tiny_model()

@@ -1,0 +1,286 @@
+"""Level 4 on transformers: real generate() on the tiny model.
+
+Three kinds of check:
+- greedy / seeded-sampling tokens under each processor equal those under the matching
+  transformers-native processor, and the native one must change the output first;
+- constraints hold (banned tokens absent, no repeated n-grams, min new tokens);
+- a stateful probe equals its stateless recompute-from-prefix twin in every decoding
+  mode (beam search reorders rows; assisted generation rejects draft tokens).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from anylogits import (  # noqa: E402
+    LogitBias,
+    MinNewTokens,
+    MinP,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SuppressTokens,
+    Temperature,
+    TopK,
+    TopP,
+    for_transformers,
+)
+from anylogits.testing.probes import (  # noqa: E402
+    GeneratedHashBias,
+    GeneratedHashBiasRecompute,
+)
+
+pytestmark = pytest.mark.slow
+
+COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path) -> Any:
+    torch.set_num_threads(1)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def assistant(tiny_model_dir: Path) -> Any:
+    # Same weights as the target: every draft token is accepted until the probe's boost
+    # (applied to the target only through its own processors) makes them disagree.
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def generate(model: Any, tokenizer: Any, prompts: str | list[str], **kwargs: Any) -> torch.Tensor:
+    """New token ids only; neutral sampling settings so only the processors act."""
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True)
+    kwargs.setdefault("do_sample", False)
+    if kwargs["do_sample"]:
+        torch.manual_seed(kwargs.pop("seed", 0))
+    kwargs.setdefault("max_new_tokens", NEW_TOKENS)
+    output = model.generate(
+        **inputs,
+        temperature=1.0,
+        top_k=None,
+        top_p=1.0,
+        pad_token_id=tokenizer.pad_token_id,
+        **kwargs,
+    )
+    return output[:, inputs["input_ids"].shape[1] :]
+
+
+def hooked(*processors: Any, tokenizer: Any = None) -> LogitsProcessorList:
+    return LogitsProcessorList([for_transformers(*processors, tokenizer=tokenizer)])
+
+
+def assert_same_and_effective(
+    ours: torch.Tensor, native: torch.Tensor, plain: torch.Tensor
+) -> None:
+    assert not torch.equal(native, plain), "the native processor did not change the output"
+    assert torch.equal(ours, native), f"\nours   {ours.tolist()}\nnative {native.tolist()}"
+
+
+# -- greedy and sampled tokens equal the native processors' -------------------------------
+
+
+def test_repetition_penalty_matches_native(model: Any, tokenizer: Any) -> None:
+    plain = generate(model, tokenizer, COUNTING)
+    native = generate(model, tokenizer, COUNTING, repetition_penalty=1.3)
+    ours = generate(model, tokenizer, COUNTING, logits_processor=hooked(RepetitionPenalty(1.3)))
+    assert_same_and_effective(ours, native, plain)
+
+
+def test_no_repeat_ngram_matches_native_and_holds(model: Any, tokenizer: Any) -> None:
+    prompt = "the cat the cat the cat the cat"
+    plain = generate(model, tokenizer, prompt, max_new_tokens=32)
+    native = generate(
+        model,
+        tokenizer,
+        prompt,
+        max_new_tokens=32,
+        logits_processor=LogitsProcessorList([NoRepeatNGramLogitsProcessor(2)]),
+    )
+    ours = generate(
+        model, tokenizer, prompt, max_new_tokens=32, logits_processor=hooked(NoRepeatNGram(2))
+    )
+    assert_same_and_effective(ours, native, plain)
+    full = tokenizer(prompt, return_tensors="pt")["input_ids"][0].tolist() + ours[0].tolist()
+    bigrams = list(itertools.pairwise(full))
+    new_bigrams = bigrams[-ours.shape[1] :]
+    assert all(bigrams.count(b) == 1 for b in new_bigrams), "a generated bigram repeats"
+
+
+def test_suppress_tokens_matches_native_and_bans(model: Any, tokenizer: Any) -> None:
+    plain = generate(model, tokenizer, COUNTING)
+    banned = sorted(set(plain[0, :6].tolist()))
+    native = generate(model, tokenizer, COUNTING, suppress_tokens=banned)
+    ours = generate(model, tokenizer, COUNTING, logits_processor=hooked(SuppressTokens(banned)))
+    assert_same_and_effective(ours, native, plain)
+    assert not set(ours[0].tolist()) & set(banned)
+
+
+def test_logit_bias_matches_sequence_bias(model: Any, tokenizer: Any) -> None:
+    plain = generate(model, tokenizer, COUNTING)
+    favoured = int(plain[0, -1])
+    native = generate(
+        model,
+        tokenizer,
+        COUNTING,
+        logits_processor=LogitsProcessorList([SequenceBiasLogitsProcessor({(favoured,): 3.0})]),
+    )
+    ours = generate(model, tokenizer, COUNTING, logits_processor=hooked(LogitBias({favoured: 3.0})))
+    assert_same_and_effective(ours, native, plain)
+
+
+def test_min_new_tokens_matches_native_and_holds(model: Any, tokenizer: Any) -> None:
+    eos = tokenizer.eos_token_id
+    push_eos = {"sequence_bias": {(eos,): 30.0}}
+    plain = generate(model, tokenizer, COUNTING, **push_eos)
+    native = generate(model, tokenizer, COUNTING, min_new_tokens=5, **push_eos)
+    ours = generate(
+        model,
+        tokenizer,
+        COUNTING,
+        **push_eos,
+        logits_processor=hooked(MinNewTokens(5), tokenizer=tokenizer),
+    )
+    assert plain[0, 0] == eos  # the bias makes the model want to stop at once
+    assert_same_and_effective(ours, native, plain)
+    assert eos not in ours[0, :5].tolist() and ours[0, 5] == eos
+
+
+@pytest.mark.parametrize(
+    ("ours", "native"),
+    [
+        (Temperature(0.5), TemperatureLogitsWarper(0.5)),
+        (TopK(3), TopKLogitsWarper(3)),
+        (TopP(0.5), TopPLogitsWarper(0.5)),
+        (MinP(0.3), MinPLogitsWarper(0.3)),
+    ],
+    ids=["temperature", "top_k", "top_p", "min_p"],
+)
+def test_sampling_warpers_match_native_with_the_same_seed(
+    model: Any, tokenizer: Any, ours: Any, native: Any
+) -> None:
+    plain = generate(model, tokenizer, COUNTING, do_sample=True)
+    theirs = generate(
+        model, tokenizer, COUNTING, do_sample=True, logits_processor=LogitsProcessorList([native])
+    )
+    mine = generate(model, tokenizer, COUNTING, do_sample=True, logits_processor=hooked(ours))
+    assert_same_and_effective(mine, theirs, plain)
+
+
+def test_processors_compose_in_one_hook(model: Any, tokenizer: Any) -> None:
+    natives = [
+        RepetitionPenaltyLogitsProcessor(1.3),
+        NoRepeatNGramLogitsProcessor(3),
+        SuppressTokensLogitsProcessor([16]),
+    ]
+    plain = generate(model, tokenizer, [COUNTING, "the cat the cat"])
+    native = generate(
+        model,
+        tokenizer,
+        [COUNTING, "the cat the cat"],
+        logits_processor=LogitsProcessorList(natives),
+    )
+    ours = generate(
+        model,
+        tokenizer,
+        [COUNTING, "the cat the cat"],
+        logits_processor=hooked(RepetitionPenalty(1.3), NoRepeatNGram(3), SuppressTokens([16])),
+    )
+    assert_same_and_effective(ours, native, plain)
+
+
+# -- a stateful probe equals its stateless twin in every decoding mode --------------------
+
+# The tiny model's logits reach ~14: a boost of 12 wins often but not always, so outputs
+# mix the model's choices and the probe's.
+PROBE_BIAS = 12.0
+
+MODES: dict[str, dict[str, Any]] = {
+    "greedy": {},
+    "sampling": {"do_sample": True, "seed": 3},
+    "sampling_num_return_sequences": {"do_sample": True, "seed": 4, "num_return_sequences": 3},
+    "beam_search": {"num_beams": 4, "num_return_sequences": 2},
+    "beam_sampling": {"num_beams": 3, "do_sample": True, "seed": 5},
+    "prompt_lookup": {"prompt_lookup_num_tokens": 3},
+    "assistant_model": {"assistant_model": "fixture"},
+    "batched_left_padded": {"prompts": ["1 2 3", "the cat sat on the mat and the cat"]},
+    "batched_beams": {
+        "prompts": ["1 2 3", "the cat sat on the mat and the cat"],
+        "num_beams": 3,
+    },
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_stateful_probe_equals_stateless_twin(
+    model: Any, tokenizer: Any, assistant: Any, mode: str
+) -> None:
+    options = dict(MODES[mode])
+    prompts = options.pop("prompts", "1 2 3 1 2 3 1 2 3 1 2 3")
+    if options.get("assistant_model") == "fixture":
+        options["assistant_model"] = assistant
+    seed = options.pop("seed", 0)
+    if options.get("do_sample"):
+        options["seed"] = seed
+    plain = generate(model, tokenizer, prompts, **dict(options))
+    prompt_width = tokenizer(prompts, return_tensors="pt", padding=True)["input_ids"].shape[1]
+    stateless = generate(
+        model,
+        tokenizer,
+        prompts,
+        **dict(options),
+        logits_processor=hooked(GeneratedHashBiasRecompute(prompt_width, PROBE_BIAS)),
+    )
+    probe = GeneratedHashBias(PROBE_BIAS)
+    stateful = generate(model, tokenizer, prompts, **dict(options), logits_processor=hooked(probe))
+    assert not torch.equal(stateless, plain), "the probe did not change the output"
+    assert torch.equal(stateful, stateless), (
+        f"\nstateful  {stateful.tolist()}\nstateless {stateless.tolist()}"
+    )
+    assert probe.advance_calls > 0  # the state really was advanced, not recomputed
+
+
+def test_text_generation_pipeline_accepts_the_hook(model: Any, tokenizer: Any) -> None:
+    generator = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)
+    plain = generator(COUNTING, max_new_tokens=8, do_sample=False, return_tensors=True)
+    banned = plain[0]["generated_token_ids"][-8:][:3]
+    hooked_out = generator(
+        COUNTING,
+        max_new_tokens=8,
+        do_sample=False,
+        return_tensors=True,
+        logits_processor=hooked(SuppressTokens(banned)),
+    )
+    new_ids = hooked_out[0]["generated_token_ids"][-8:]
+    assert not set(new_ids) & set(banned)
+    assert new_ids != plain[0]["generated_token_ids"][-8:]

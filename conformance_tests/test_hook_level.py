@@ -1,0 +1,60 @@
+"""Level 1: each adapter, called exactly as its backend calls it, equals the core result.
+
+Every processor, float32/float16/bfloat16, batch 1..N, with rows reordered, forked and
+rolled back between calls the way beam search and speculative decoding do.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anylogits import Pipeline
+from conformance_tests.catalogue import PROCESSOR_SPECS, build
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+VOCAB_SIZE = 64
+
+
+def call_sequence(batch: int, seed: int) -> list[torch.Tensor]:
+    """Histories of successive calls: extend, reorder/fork rows, roll back two tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    # Few distinct ids, so n-grams repeat and penalties bite.
+    ids = torch.randint(0, 8, (batch, 6), generator=generator)
+    calls = [ids]
+    for step in range(6):
+        if step == 3:
+            ids = ids[:, :-2]  # rejected draft tokens
+        parents = torch.randint(0, batch, (batch,), generator=generator)
+        new = torch.randint(0, 8, (batch, 1), generator=generator)
+        ids = torch.cat([ids[parents], new], 1)
+        calls.append(ids)
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSOR_SPECS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_hook_equals_core(backend, name: str, dtype: torch.dtype, batch: int) -> None:
+    hook = backend.hook([build(name)])
+    core = Pipeline([build(name)])
+    generator = torch.Generator().manual_seed(batch)
+    changed = False
+    for ids in call_sequence(batch, seed=batch):
+        logits = torch.randn(batch, VOCAB_SIZE, generator=generator).to(dtype)
+        expected = core(logits.clone(), ids)
+        actual = backend.call(hook, ids, logits)
+        assert actual.dtype == dtype and actual.shape == logits.shape
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        changed |= not torch.equal(expected, logits)
+    assert changed, f"{name} never changed the logits: the comparison would prove nothing"
+
+
+def test_one_hook_runs_several_processors_in_order(backend) -> None:
+    names = ["repetition_penalty", "logit_bias", "temperature", "top_k", "stateful_probe"]
+    hook = backend.hook([build(name) for name in names])
+    core = Pipeline([build(name) for name in names])
+    generator = torch.Generator().manual_seed(0)
+    for ids in call_sequence(4, seed=1):
+        logits = torch.randn(4, VOCAB_SIZE, generator=generator)
+        torch.testing.assert_close(backend.call(hook, ids, logits), core(logits.clone(), ids))

@@ -1,0 +1,72 @@
+"""anylogits: one logits processor, written once in torch, run on every backend.
+
+Importing this package imports torch and nothing else: each backend library is imported
+only by its own adapter, when its factory is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from anylogits.core import (
+    Batch,
+    LogitsProcessor,
+    Pipeline,
+    StatefulLogitsProcessor,
+    Vocabulary,
+    from_spec,
+    to_specs,
+)
+from anylogits.processors import (
+    LogitBias,
+    MinNewTokens,
+    MinP,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SuppressTokens,
+    Temperature,
+    TopK,
+    TopP,
+)
+
+if TYPE_CHECKING:
+    from anylogits.adapters.transformers import for_transformers
+
+__version__ = "0.1.0.dev0"
+
+# Factories live in their adapter modules and are imported on first access, so that
+# `import anylogits` never imports a backend library.
+_LAZY_FACTORIES = {"for_transformers": "anylogits.adapters.transformers"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_FACTORIES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'anylogits' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY_FACTORIES])
+
+
+__all__ = [
+    "Batch",
+    "LogitBias",
+    "LogitsProcessor",
+    "MinNewTokens",
+    "MinP",
+    "NoRepeatNGram",
+    "Pipeline",
+    "RepetitionPenalty",
+    "StatefulLogitsProcessor",
+    "SuppressTokens",
+    "Temperature",
+    "TopK",
+    "TopP",
+    "Vocabulary",
+    "for_transformers",
+    "from_spec",
+    "to_specs",
+]

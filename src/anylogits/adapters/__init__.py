@@ -1,0 +1,1 @@
+"""Thin adapters, one module per backend; each imports its backend only when used."""

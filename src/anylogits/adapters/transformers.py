@@ -1,0 +1,65 @@
+"""Hugging Face transformers: a ``LogitsProcessor`` for ``generate`` and pipelines.
+
+transformers passes ``input_ids`` ``(B, L)`` (prompt included, left padding included,
+every row the same length) and float32 ``scores`` ``(B, V)``. Rows are hypotheses, not
+sequences: beam search reorders them every step and assisted generation calls the
+processor once per candidate position, then drops rejected candidates. The pipeline's
+prefix tracker handles both, so this adapter only converts and wires in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor as _HFLogitsProcessor
+
+from anylogits.core.pipeline import Pipeline
+from anylogits.core.processor import LogitsProcessor
+from anylogits.core.vocab import Vocabulary
+
+
+class TransformersLogitsProcessor(_HFLogitsProcessor):
+    """The transformers hook around an anylogits :class:`~anylogits.Pipeline`.
+
+    Args:
+        pipeline: the processors to run.
+    """
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # generate keeps `scores` (output_logits=True returns them), so never edit them.
+        return self.pipeline(scores.clone(), input_ids)
+
+    def reset(self) -> None:
+        """Forget tracked sequences before reusing this hook for unrelated prompts."""
+        self.pipeline.reset()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
+
+
+def for_transformers(
+    *processors: LogitsProcessor | Pipeline, tokenizer: Any = None
+) -> TransformersLogitsProcessor:
+    """A ``transformers.LogitsProcessor`` that runs ``processors`` in order.
+
+    Args:
+        *processors: anylogits processors (or pipelines), applied in the order given.
+        tokenizer: the model's Hugging Face tokenizer; needed by processors that use the
+            vocabulary (e.g. :class:`~anylogits.MinNewTokens` without ``eos_token_id``).
+
+    Example::
+
+        from transformers import LogitsProcessorList
+        from anylogits import RepetitionPenalty, TopK, for_transformers
+
+        hook = for_transformers(RepetitionPenalty(1.3), TopK(20), tokenizer=tokenizer)
+        model.generate(**inputs, logits_processor=LogitsProcessorList([hook]))
+    """
+    if not processors:
+        raise ValueError("for_transformers needs at least one processor")
+    vocab = Vocabulary.from_hf_tokenizer(tokenizer) if tokenizer is not None else None
+    return TransformersLogitsProcessor(Pipeline(processors, vocab))

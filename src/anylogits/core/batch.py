@@ -1,0 +1,102 @@
+"""What a processor sees about the rows of one call, whatever backend made them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from anylogits.core.processor import LogitsProcessor
+    from anylogits.core.vocab import Vocabulary
+
+TokenSource = torch.Tensor | Callable[[], torch.Tensor]
+
+
+class Batch:
+    """The rows of one call: token history, prompt lengths, per-processor states.
+
+    Token history is *right-aligned*: row ``b`` occupies the last ``lengths[b]`` columns
+    of :attr:`token_ids`, so "the last n tokens" sit in the same columns for every row.
+    Columns left of a row's start are padding (see :attr:`valid_mask`). Backends that do
+    not hold a ``(B, L)`` tensor build it only when a processor asks for it.
+
+    Args:
+        size: number of rows ``B``.
+        token_ids: the ``(B, L)`` int64 history, or a function that builds it on demand.
+        lengths: ``(B,)`` number of real tokens per row; ``None`` means every row is full.
+        prompt_lengths: ``(B,)`` prompt length per row, known when sequences are tracked.
+        states: for each stateful processor, its states in row order.
+        vocab: the bound vocabulary, if any.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        token_ids: TokenSource | None = None,
+        *,
+        lengths: torch.Tensor | None = None,
+        prompt_lengths: torch.Tensor | None = None,
+        states: dict[int, Sequence[Any]] | None = None,
+        vocab: Vocabulary | None = None,
+    ) -> None:
+        self.size = size
+        self._token_source = token_ids
+        self._token_ids: torch.Tensor | None = None
+        self._lengths = lengths
+        self._prompt_lengths = prompt_lengths
+        self._states = states or {}
+        self.vocab = vocab
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """``(B, L)`` int64 token history, right-aligned."""
+        if self._token_ids is None:
+            source = self._token_source
+            if source is None:
+                raise RuntimeError(
+                    "this backend passed no token history, but a processor asked for it"
+                )
+            self._token_ids = source() if callable(source) else source
+        return self._token_ids
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``(B,)`` number of real tokens in each row."""
+        if self._lengths is None:
+            ids = self.token_ids
+            self._lengths = torch.full((ids.shape[0],), ids.shape[1], device=ids.device)
+        return self._lengths
+
+    @property
+    def valid_mask(self) -> torch.Tensor:
+        """``(B, L)`` bool, ``True`` where :attr:`token_ids` holds a real token."""
+        ids = self.token_ids
+        width = ids.shape[1]
+        columns = torch.arange(width, device=ids.device)
+        return columns >= (width - self.lengths.to(ids.device))[:, None]
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor:
+        """``(B,)`` prompt length of each row's sequence."""
+        if self._prompt_lengths is None:
+            raise RuntimeError(
+                "prompt lengths are only known to processors that set needs_sequences = True"
+            )
+        return self._prompt_lengths
+
+    @property
+    def generated_lengths(self) -> torch.Tensor:
+        """``(B,)`` number of tokens generated after the prompt in each row."""
+        return self.lengths.to(self.prompt_lengths.device) - self.prompt_lengths
+
+    def states(self, processor: LogitsProcessor) -> Sequence[Any]:
+        """The states of ``processor`` for each row, in row order."""
+        try:
+            return self._states[id(processor)]
+        except KeyError:
+            raise RuntimeError(
+                f"{type(processor).__qualname__} has no states in this batch: is it a "
+                "StatefulLogitsProcessor that is part of this pipeline?"
+            ) from None

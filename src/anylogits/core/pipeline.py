@@ -1,0 +1,135 @@
+"""Several processors run as one: one tracker, one batch, processors in the given order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch, TokenSource
+from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.tracker import SequenceTracker
+from anylogits.core.vocab import Vocabulary
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class Pipeline:
+    """Processors applied in order to ``(B, V)`` logits; what every adapter wraps.
+
+    Args:
+        processors: the processors, applied in the order given. Nested pipelines are
+            flattened.
+        vocab: the model's vocabulary, bound to every processor now.
+        max_idle_calls: see :class:`~anylogits.core.tracker.SequenceTracker`.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, Temperature, TopK
+        >>> pipeline = Pipeline([Temperature(0.5), TopK(2)])
+        >>> pipeline(torch.tensor([[1.0, 3.0, 2.0]]), torch.tensor([[7]]))
+        tensor([[-inf, 6., 4.]])
+    """
+
+    def __init__(
+        self,
+        processors: Iterable[LogitsProcessor | Pipeline],
+        vocab: Vocabulary | None = None,
+        *,
+        max_idle_calls: int = 64,
+    ) -> None:
+        flat: list[LogitsProcessor] = []
+        for processor in processors:
+            if isinstance(processor, Pipeline):
+                flat.extend(processor.processors)
+            elif isinstance(processor, LogitsProcessor):
+                flat.append(processor)
+            else:
+                raise TypeError(
+                    f"expected anylogits processors, got {type(processor).__qualname__} "
+                    f"({processor!r})"
+                )
+        if len({id(p) for p in flat}) != len(flat):
+            raise ValueError("the same processor object is given twice; pass it once")
+        self.processors: tuple[LogitsProcessor, ...] = tuple(flat)
+        self.vocab = vocab
+        for processor in self.processors:
+            processor.bind(vocab)
+        self._stateful = tuple(p for p in flat if isinstance(p, StatefulLogitsProcessor))
+        needs_tracking = any(p.needs_sequences for p in flat)
+        self.tracker = (
+            SequenceTracker(self._stateful, max_idle_calls=max_idle_calls)
+            if needs_tracking
+            else None
+        )
+        self._checked_widths: set[int] = set()
+
+    def reset(self) -> None:
+        """Forget every tracked sequence (e.g. between unrelated requests)."""
+        if self.tracker is not None:
+            self.tracker.reset()
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        token_ids: TokenSource | None = None,
+        *,
+        lengths: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Process ``(B, V)`` logits in place and return them.
+
+        Args:
+            logits: ``(B, V)`` floating logits the pipeline may edit in place.
+            token_ids: right-aligned ``(B, L)`` history including the prompt, or a function
+                building it (called only if a processor or the tracker needs it).
+            lengths: ``(B,)`` real tokens per row, when rows are shorter than ``L``.
+        """
+        self._check_logits(logits)
+        batch = self._batch(logits.shape[0], token_ids, lengths)
+        for processor in self.processors:
+            logits = processor.process(logits, batch)
+        return logits
+
+    def _batch(
+        self, size: int, token_ids: TokenSource | None, lengths: torch.Tensor | None
+    ) -> Batch:
+        batch = Batch(size, token_ids, lengths=lengths, vocab=self.vocab)
+        if self.tracker is None:
+            return batch
+        if token_ids is None:
+            raise ValueError(
+                "these processors track sequences, so the token history (prompt + "
+                "generated ids) must be passed"
+            )
+        ids = batch.token_ids
+        if ids.shape[0] != size:
+            raise ValueError(f"token_ids has {ids.shape[0]} rows but logits have {size}")
+        nodes = self.tracker.locate(ids, lengths)
+        states: dict[int, Sequence[Any]] = {
+            id(processor): [node.states[index] for node in nodes]
+            for index, processor in enumerate(self._stateful)
+        }
+        prompt_lengths = torch.tensor([node.prompt_length for node in nodes], device=ids.device)
+        return Batch(
+            size,
+            ids,
+            lengths=lengths,
+            prompt_lengths=prompt_lengths,
+            states=states,
+            vocab=self.vocab,
+        )
+
+    def _check_logits(self, logits: torch.Tensor) -> None:
+        if logits.ndim != 2:
+            raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
+        if logits.dtype not in _FLOAT_DTYPES:
+            raise ValueError(
+                f"logits dtype {logits.dtype} is not supported; use float32, float16, "
+                "bfloat16 or float64"
+            )
+        width = logits.shape[1]
+        if width not in self._checked_widths:
+            if self.vocab is not None:
+                self.vocab.check_logits_width(width)
+            self._checked_widths.add(width)

@@ -1,0 +1,136 @@
+"""The processor contract every catalogue entry and user processor implements."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from anylogits.core.batch import Batch
+    from anylogits.core.vocab import Vocabulary
+
+State = TypeVar("State")
+
+_REGISTRY: dict[str, type[LogitsProcessor]] = {}
+
+
+class LogitsProcessor:
+    """A logits processor written once in torch, run unchanged on every backend.
+
+    Subclasses implement :meth:`process`, vectorized over the batch. ``process`` may edit
+    ``logits`` in place (the pipeline hands it a tensor it owns) and returns the result.
+
+    The constructor arguments are the whole configuration: :meth:`config` returns them as
+    a JSON-able dict, which makes :meth:`to_spec` / :func:`anylogits.from_spec` work.
+
+    Class attributes:
+        spec_name: the ``"type"`` of this processor in a spec dict; registers the class.
+        needs_sequences: ``True`` when :meth:`process` reads prompt lengths or generated
+            tokens, so the pipeline must track which sequence each row belongs to.
+    """
+
+    spec_name: ClassVar[str | None] = None
+    needs_sequences: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("spec_name")
+        if name is not None:
+            if name in _REGISTRY and _REGISTRY[name] is not cls:
+                raise TypeError(
+                    f"spec_name {name!r} of {cls.__qualname__} is already used by "
+                    f"{_REGISTRY[name].__qualname__}; choose another spec_name"
+                )
+            _REGISTRY[name] = cls
+
+    vocab: Vocabulary | None = None
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        """Attach the model's vocabulary; called once per model by the adapter factory.
+
+        Override to resolve strings to token ids or validate ids against the vocabulary,
+        raising ``ValueError`` before generation starts. Call ``super().bind(vocab)``.
+        """
+        self.vocab = vocab
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Return processed ``logits`` of shape ``(B, V)``; may edit ``logits`` in place."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement process()")
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments, as plain JSON-able values."""
+        raise NotImplementedError(
+            f"{type(self).__qualname__} must implement config() to be serialized"
+        )
+
+    def to_spec(self) -> dict[str, Any]:
+        """A plain dict ``{"type": spec_name, **config}``, the wire format for vLLM."""
+        if self.spec_name is None:
+            raise TypeError(f"{type(self).__qualname__} has no spec_name, so it has no spec")
+        return {"type": self.spec_name, **self.config()}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> LogitsProcessor:
+        """Build the processor a spec describes (see :func:`anylogits.from_spec`)."""
+        from anylogits.core.specs import from_spec
+
+        processor = from_spec(spec)
+        if not isinstance(processor, cls):
+            raise ValueError(
+                f"spec type {spec.get('type')!r} builds {type(processor).__qualname__}, "
+                f"not {cls.__qualname__}"
+            )
+        return processor
+
+    def __repr__(self) -> str:
+        try:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        except NotImplementedError:
+            args = "..."
+        return f"{type(self).__name__}({args})"
+
+
+class StatefulLogitsProcessor(LogitsProcessor, Generic[State]):
+    """A processor that carries an explicit per-sequence state.
+
+    The state is a value: :meth:`advance` returns the next state and must not mutate the
+    one it was given, because beam search forks one sequence into several and
+    speculative decoding rolls back to earlier states. Processors whose state is costly
+    to copy set ``mutable_state = True`` and implement :meth:`fork`; the tracker then
+    forks before every advance.
+
+    ``process`` reads the states of its rows with ``batch.states(self)``.
+    """
+
+    needs_sequences: ClassVar[bool] = True
+    mutable_state: ClassVar[bool] = False
+
+    def init_state(self, prompt_ids: torch.Tensor) -> State:
+        """The state of a new sequence whose prompt is the 1-D tensor ``prompt_ids``."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement init_state()")
+
+    def advance(self, state: State, token_id: int) -> State:
+        """The state after ``token_id`` was appended to the sequence."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement advance()")
+
+    def fork(self, state: State) -> State:
+        """An independent copy of ``state`` (only called when ``mutable_state``)."""
+        return state
+
+
+def registered_processors() -> dict[str, type[LogitsProcessor]]:
+    """Every processor class that has a ``spec_name``, by that name."""
+    return dict(_REGISTRY)
+
+
+def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:
+    """The keyword parameters a spec may set for ``cls``."""
+    signature = inspect.signature(cls.__init__)
+    return {
+        name: parameter
+        for name, parameter in signature.parameters.items()
+        if name != "self"
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }

@@ -1,0 +1,199 @@
+"""Map rows to sequences by their token prefix, so state survives any row shuffling.
+
+Rows are not sequences: beam search reorders and duplicates rows every step,
+speculative decoding appends draft tokens and then drops the rejected ones, engines
+move rows around, and a user may resume a sequence in a later call. The tracker keys
+every sequence it has seen by a hash of its whole token prefix, so it needs nothing but
+the tokens a backend already passes.
+
+Per call the hashing is a vectorized torch reduction over ``(B, L)``; the Python work is
+``O(B)`` dict lookups, independent of the sequence length. Only a row whose parent
+(the same tokens minus the last one) is unknown takes the slower path: one prefix-hash
+cumsum over that row and a probe per distinct known length.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anylogits.core.processor import StatefulLogitsProcessor
+
+# Weights stay below 2**23 and token ids below 2**21, so a row of up to 2**19 tokens sums
+# below 2**63: exact int64 arithmetic, no overflow, no modulus.
+_WEIGHT_BITS = 23
+_MAX_TOKEN_ID = 1 << 21
+_MAX_LENGTH = 1 << 19
+
+
+@dataclass
+class SequenceNode:
+    """One known token prefix: its length, prompt length and processor states."""
+
+    length: int
+    prompt_length: int
+    states: tuple[Any, ...]
+    last_seen: int = 0
+
+
+class SequenceTracker:
+    """Find, for each row, the sequence state its token prefix implies.
+
+    Args:
+        processors: the stateful processors whose states are tracked, in order.
+        max_idle_calls: a prefix not seen for this many calls is freed. It bounds memory
+            (finished sequences and dead beams disappear) and sets how far back a
+            rollback can reach.
+        seed: seed of the hash weights.
+    """
+
+    def __init__(
+        self,
+        processors: Sequence[StatefulLogitsProcessor[Any]],
+        *,
+        max_idle_calls: int = 64,
+        seed: int = 0x5EED,
+    ) -> None:
+        if max_idle_calls < 1:
+            raise ValueError(f"max_idle_calls must be >= 1, got {max_idle_calls}")
+        self.processors = tuple(processors)
+        self.max_idle_calls = max_idle_calls
+        self._generator = torch.Generator().manual_seed(seed)
+        self._weights = torch.empty(2, 0, dtype=torch.int64)
+        self._nodes: dict[tuple[int, int, int], SequenceNode] = {}
+        self._length_counts: Counter[int] = Counter()
+        self._touched: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def reset(self) -> None:
+        """Forget every sequence."""
+        self._nodes.clear()
+        self._length_counts.clear()
+        self._touched.clear()
+
+    def locate(
+        self, token_ids: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> list[SequenceNode]:
+        """The node of each row of the right-aligned ``(B, L)`` history.
+
+        Args:
+            token_ids: int tensor ``(B, L)``; row ``b`` is its last ``lengths[b]`` columns.
+            lengths: ``(B,)`` real tokens per row; ``None`` when every row fills ``L``.
+        """
+        self._clock += 1
+        self._touched.append((self._clock, []))
+        ids = token_ids.to(device="cpu", dtype=torch.int64)
+        batch, width = ids.shape
+        if width == 0:
+            raise ValueError("token_ids has no columns: a sequence needs at least one token")
+        weights = self._position_weights(width)
+        if lengths is None:
+            row_lengths = [width] * batch
+            row_weights = weights[:, :width].unsqueeze(1)
+        else:
+            lengths = lengths.to(device="cpu", dtype=torch.int64)
+            row_lengths = lengths.tolist()
+            positions = torch.arange(width) - (width - lengths)[:, None]
+            row_weights = weights[:, positions.clamp(min=0)] * (positions >= 0)
+        if batch and (int(ids.max()) >= _MAX_TOKEN_ID or int(ids.min()) < 0):
+            raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+        # Two independent hashes, each one exact int64 dot product per row.
+        full = torch.stack([(ids * row_weights[0]).sum(1), (ids * row_weights[1]).sum(1)], 1)
+        last = ids[:, -1]
+        parent = full - last[:, None] * row_weights[:, :, -1].T
+        full_keys = full.tolist()
+        parent_keys = parent.tolist()
+        last_tokens = last.tolist()
+
+        nodes: list[SequenceNode] = []
+        for row in range(batch):
+            length = row_lengths[row]
+            if length == 0:
+                raise ValueError(f"row {row} has no tokens: a sequence needs at least one")
+            key = (length, *full_keys[row])
+            node = self._nodes.get(key)
+            if node is None:
+                ancestor = self._nodes.get((length - 1, *parent_keys[row]))
+                if ancestor is not None:
+                    self._touch((length - 1, *parent_keys[row]), ancestor)
+                    node = self._child(ancestor, last_tokens[row])
+                else:
+                    row_ids = ids[row, width - length :]
+                    weights_row = row_weights[:, min(row, row_weights.shape[1] - 1), -length:]
+                    node = self._from_longest_known_prefix(row_ids, weights_row)
+            self._touch(key, node)
+            nodes.append(node)
+        self._expire()
+        return nodes
+
+    def _child(self, parent: SequenceNode, token_id: int) -> SequenceNode:
+        states = tuple(
+            processor.advance(processor.fork(state) if processor.mutable_state else state, token_id)
+            for processor, state in zip(self.processors, parent.states, strict=True)
+        )
+        return SequenceNode(parent.length + 1, parent.prompt_length, states)
+
+    def _from_longest_known_prefix(
+        self, row_ids: torch.Tensor, row_weights: torch.Tensor
+    ) -> SequenceNode:
+        """Replay from the longest known prefix (draft tokens, resume) or start afresh."""
+        prefix_hashes = (row_ids * row_weights).cumsum(1).T.tolist()
+        length = row_ids.shape[0]
+        start: SequenceNode | None = None
+        for known_length in sorted(self._length_counts, reverse=True):
+            if known_length >= length:
+                continue
+            key = (known_length, *prefix_hashes[known_length - 1])
+            start = self._nodes.get(key)
+            if start is not None:
+                self._touch(key, start)
+                break
+        if start is None:
+            prompt = row_ids
+            states = tuple(processor.init_state(prompt) for processor in self.processors)
+            return SequenceNode(length, length, states)
+        node = start
+        tokens = row_ids[start.length :].tolist()
+        for offset, token_id in enumerate(tokens[:-1]):
+            node = self._child(node, token_id)
+            # Intermediate prefixes are stored so that a rollback onto them is a lookup.
+            self._touch((node.length, *prefix_hashes[start.length + offset]), node)
+        return self._child(node, tokens[-1])
+
+    def _position_weights(self, width: int) -> torch.Tensor:
+        if width > _MAX_LENGTH:
+            raise ValueError(f"sequences longer than {_MAX_LENGTH} tokens cannot be tracked")
+        known = self._weights.shape[1]
+        if known < width:
+            size = max(width, 2 * known, 256)
+            extra = torch.randint(
+                0, 1 << _WEIGHT_BITS, (2, size - known), generator=self._generator
+            )
+            self._weights = torch.cat([self._weights, extra], 1)
+        return self._weights
+
+    def _touch(self, key: tuple[int, int, int], node: SequenceNode) -> None:
+        if key not in self._nodes:
+            self._length_counts[key[0]] += 1
+            self._nodes[key] = node
+        node.last_seen = self._clock
+        self._touched[-1][1].append(key)
+
+    def _expire(self) -> None:
+        horizon = self._clock - self.max_idle_calls
+        while self._touched and self._touched[0][0] <= horizon:
+            _, keys = self._touched.popleft()
+            for key in keys:
+                node = self._nodes.get(key)
+                if node is not None and node.last_seen <= horizon:
+                    del self._nodes[key]
+                    self._length_counts[key[0]] -= 1
+                    if not self._length_counts[key[0]]:
+                        del self._length_counts[key[0]]

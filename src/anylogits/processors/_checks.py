@@ -1,0 +1,52 @@
+"""Constructor argument checks shared by the catalogue; each error names the bad value."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+def positive_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def probability(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (math.isfinite(value) and low_ok and value <= 1):
+        interval = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"{name} must lie in {interval}, got {value!r}")
+    return float(value)
+
+
+def int_at_least(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def token_id_list(name: str, values: Any) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of token ids, got {values!r}")
+    ids = tuple(values)
+    for token_id in ids:
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            raise ValueError(f"{name} must hold token ids (ints >= 0), got {token_id!r}")
+    return ids
+
+
+def ids_within(name: str, ids: Iterable[int], width: int, what: str) -> None:
+    """Raise unless every id is below ``width`` (the vocabulary size or logits width)."""
+    for token_id in ids:
+        if token_id >= width:
+            raise ValueError(
+                f"{name} holds token id {token_id}, but the {what} has only {width} ids"
+            )

@@ -1,0 +1,107 @@
+"""Penalties on tokens the sequence already holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import LogitsProcessor
+from anylogits.processors._checks import int_at_least, positive_float
+
+
+def history_filled(batch: Batch) -> torch.Tensor:
+    """The ``(B, L)`` history with padding replaced by the row's last token.
+
+    Gathering / scattering a token the row already holds changes nothing, so
+    processors can work on the full rectangle without masking.
+    """
+    ids = batch.token_ids
+    if batch.lengths.min() == ids.shape[1]:
+        return ids
+    return torch.where(batch.valid_mask, ids, ids[:, -1:])
+
+
+class RepetitionPenalty(LogitsProcessor):
+    """CTRL repetition penalty over every token of the sequence (prompt included).
+
+    A token already present has its logit divided by ``penalty`` when positive and
+    multiplied by it when negative (``penalty`` > 1 discourages repetition).
+
+    Oracle: transformers ``RepetitionPenaltyLogitsProcessor`` (identical result, including
+    its choice to penalize prompt tokens and left-padding ids that ``generate`` passes).
+
+    Args:
+        penalty: strictly positive; 1.0 is a no-op.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, RepetitionPenalty
+        >>> logits = torch.tensor([[2.0, -2.0, 2.0]])
+        >>> Pipeline([RepetitionPenalty(2.0)])(logits, torch.tensor([[0, 1]]))
+        tensor([[ 1., -4.,  2.]])
+    """
+
+    spec_name = "repetition_penalty"
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = positive_float("penalty", penalty)
+
+    def config(self) -> dict[str, Any]:
+        return {"penalty": self.penalty}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        ids = history_filled(batch).to(logits.device)
+        seen = logits.gather(1, ids)
+        penalized = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        return logits.scatter_(1, ids, penalized)
+
+
+class NoRepeatNGram(LogitsProcessor):
+    """Forbid any token that would complete an n-gram the sequence already contains.
+
+    Vectorized: every window of the history is compared with the last ``n - 1`` tokens
+    at once, so the cost is one ``(B, L, n)`` comparison instead of a Python loop.
+
+    Oracle: transformers ``NoRepeatNGramLogitsProcessor`` (identical result; like it,
+    the prompt counts).
+
+    Args:
+        ngram_size: n, >= 1 (1 forbids every token already present).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, NoRepeatNGram
+        >>> history = torch.tensor([[5, 1, 2, 5]])  # "5 1" was seen: 1 may not follow 5
+        >>> Pipeline([NoRepeatNGram(2)])(torch.zeros(1, 6), history)
+        tensor([[0., -inf, 0., 0., 0., 0.]])
+    """
+
+    spec_name = "no_repeat_ngram"
+
+    def __init__(self, ngram_size: int) -> None:
+        self.ngram_size = int_at_least("ngram_size", ngram_size, 1)
+
+    def config(self) -> dict[str, Any]:
+        return {"ngram_size": self.ngram_size}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        n = self.ngram_size
+        ids = batch.token_ids.to(logits.device)
+        width = ids.shape[1]
+        if width < n:
+            return logits
+        windows = ids.unfold(1, n, 1)  # (B, W, n), W = L - n + 1
+        matches = (windows[..., :-1] == ids[:, width - n + 1 :].unsqueeze(1)).all(-1)
+        if batch.lengths.min() < width:
+            # A window must lie inside the row, and the row must hold n - 1 tokens.
+            starts = torch.arange(windows.shape[1], device=ids.device)
+            row_starts = (width - batch.lengths.to(ids.device))[:, None]
+            inside = (starts >= row_starts) & (batch.lengths.to(ids.device) >= n)[:, None]
+            matches &= inside
+        followers = windows[..., -1]
+        # amin with +inf leaves a logit alone, with -inf bans it; duplicates are harmless.
+        banned = torch.full(followers.shape, float("inf"), dtype=logits.dtype, device=ids.device)
+        banned.masked_fill_(matches, float("-inf"))
+        return logits.scatter_reduce_(1, followers, banned, reduce="amin")

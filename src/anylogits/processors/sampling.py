@@ -1,0 +1,167 @@
+"""Sampling-shape processors: temperature and truncation (top-k, top-p, min-p)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import LogitsProcessor
+from anylogits.processors._checks import int_at_least, positive_float, probability
+
+
+def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Set ``logits`` to ``-inf`` where ``keep`` is False, in place.
+
+    ``torch.where`` into the same tensor: a boolean ``masked_fill_`` is several times
+    slower on CPU for scattered masks.
+    """
+    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    return torch.where(keep, logits, minus_inf, out=logits)
+
+
+class Temperature(LogitsProcessor):
+    """Divide logits by ``temperature`` (< 1 sharpens, > 1 flattens the distribution).
+
+    Oracle: transformers ``TemperatureLogitsWarper`` (identical float arithmetic).
+
+    Args:
+        temperature: strictly positive divisor.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, Temperature
+        >>> Pipeline([Temperature(2.0)])(torch.tensor([[2.0, -4.0]]))
+        tensor([[ 1., -2.]])
+    """
+
+    spec_name = "temperature"
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = positive_float("temperature", temperature)
+
+    def config(self) -> dict[str, Any]:
+        return {"temperature": self.temperature}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return logits.div_(self.temperature)
+
+
+class TopK(LogitsProcessor):
+    """Keep the ``top_k`` highest logits of each row (ties with the k-th are kept).
+
+    Oracle: transformers ``TopKLogitsWarper`` (identical result).
+
+    Args:
+        top_k: number of tokens to keep, >= 1.
+        min_tokens_to_keep: lower bound on ``top_k``, >= 1.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, TopK
+        >>> Pipeline([TopK(2)])(torch.tensor([[1.0, 3.0, 2.0, 0.0]]))
+        tensor([[-inf, 3., 2., -inf]])
+    """
+
+    spec_name = "top_k"
+
+    def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
+        self.top_k = int_at_least("top_k", top_k, 1)
+        self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
+
+    def config(self) -> dict[str, Any]:
+        return {"top_k": self.top_k, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        k = min(max(self.top_k, self.min_tokens_to_keep), logits.shape[-1])
+        kth_value = torch.topk(logits, k, dim=-1).values[:, -1:]
+        return keep_only(logits, logits >= kth_value)
+
+
+class TopP(LogitsProcessor):
+    """Nucleus sampling: keep the smallest set of most likely tokens whose probability
+    reaches ``top_p``.
+
+    Exact without sorting the vocabulary: probabilities are taken in descending chunks
+    with ``torch.topk``, growing the chunk only while some row has not reached
+    ``top_p``. Tokens tied with the last kept one are kept too, so the result does not
+    depend on sort order.
+
+    Oracle: transformers ``TopPLogitsWarper``. Identical kept sets, except where the
+    oracle's unstable sort splits a tie at the boundary, or where its ascending float32
+    cumsum and this descending one round to different sides of ``1 - top_p``.
+
+    Args:
+        top_p: probability mass to keep, in (0, 1].
+        min_tokens_to_keep: always keep at least this many tokens, >= 1.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, TopP
+        >>> logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+        >>> Pipeline([TopP(0.7)])(logits).isinf().tolist()
+        [[False, False, True]]
+    """
+
+    spec_name = "top_p"
+    first_chunk = 64
+
+    def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
+        self.top_p = probability("top_p", top_p)
+        self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
+
+    def config(self) -> dict[str, Any]:
+        return {"top_p": self.top_p, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        width = logits.shape[-1]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        k = min(width, max(self.first_chunk, self.min_tokens_to_keep))
+        while True:
+            top = torch.topk(probs, k, dim=-1)
+            mass = top.values.cumsum(dim=-1)
+            if k == width or bool((mass[:, -1] >= self.top_p).all()):
+                break
+            k = min(width, 4 * k)
+        # Rank r is kept while the mass of the r - 1 likelier tokens is below top_p.
+        kept = (1 + (mass < self.top_p).sum(dim=-1)).clamp(max=k)
+        kept = kept.clamp(min=min(self.min_tokens_to_keep, k))
+        threshold = top.values.gather(-1, (kept - 1)[:, None])
+        return keep_only(logits, probs >= threshold)
+
+
+class MinP(LogitsProcessor):
+    """Keep tokens whose probability is at least ``min_p`` times the top token's.
+
+    Oracle: transformers ``MinPLogitsWarper`` (identical; probabilities are computed in
+    the logits' dtype as the oracle does).
+
+    Args:
+        min_p: relative probability floor, in [0, 1].
+        min_tokens_to_keep: always keep at least this many tokens, >= 1.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, MinP
+        >>> logits = torch.tensor([[0.6, 0.3, 0.1]]).log()
+        >>> Pipeline([MinP(0.4)])(logits).isinf().tolist()
+        [[False, False, True]]
+    """
+
+    spec_name = "min_p"
+
+    def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
+        self.min_p = probability("min_p", min_p, allow_zero=True)
+        self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
+
+    def config(self) -> dict[str, Any]:
+        return {"min_p": self.min_p, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        probs = torch.softmax(logits, dim=-1)
+        keep = probs >= self.min_p * probs.amax(dim=-1, keepdim=True)
+        if self.min_tokens_to_keep > 1:
+            k = min(self.min_tokens_to_keep, logits.shape[-1])
+            keep.scatter_(-1, torch.topk(logits, k, dim=-1).indices, True)
+        return keep_only(logits, keep)

@@ -1,0 +1,1 @@
+"""Test helpers for anylogits: tiny deterministic models and fixtures shared by tests and demos."""

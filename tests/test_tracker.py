@@ -1,0 +1,159 @@
+"""The sequence tracker: extend, fork, roll back, resume, free, and per-step cost."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anylogits import MinNewTokens, Pipeline
+from anylogits.core.tracker import SequenceTracker
+from anylogits.testing.probes import (
+    GeneratedHashBias,
+    GeneratedHashBiasRecompute,
+    generated_hash,
+)
+
+
+def states_of(tracker: SequenceTracker, rows: list[list[int]]) -> list[int]:
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.int64)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = torch.tensor(row)
+    lengths = torch.tensor([len(row) for row in rows])
+    return [node.states[0] for node in tracker.locate(ids, lengths)]
+
+
+@pytest.fixture
+def probe() -> GeneratedHashBias:
+    return GeneratedHashBias()
+
+
+def test_extend_by_one_advances_the_parent_state(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe])
+    states_of(tracker, [[1, 2, 3]])
+    assert probe.init_calls == 1
+    assert states_of(tracker, [[1, 2, 3, 4]]) == [generated_hash([4])]
+    assert (probe.init_calls, probe.advance_calls) == (1, 1)
+
+
+def test_beam_reordering_and_forking_follow_the_prefix(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe])
+    states_of(tracker, [[5, 6], [5, 7]])
+    # Rows swap places and the second sequence forks into two beams.
+    rows = [[5, 7, 1], [5, 7, 2], [5, 6, 3]]
+    assert states_of(tracker, rows) == [
+        generated_hash([1]),
+        generated_hash([2]),
+        generated_hash([3]),
+    ]
+    assert probe.init_calls == 2
+
+
+def test_rollback_of_rejected_draft_tokens_is_a_lookup(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe])
+    prompt = [3, 1, 4]
+    states_of(tracker, [prompt])
+    for draft in ([1], [1, 5], [1, 5, 9]):  # assisted generation: one call per candidate
+        states_of(tracker, [prompt + draft])
+    advances = probe.advance_calls
+    # Draft token 5 rejected: the target model resampled 2 after [.., 1].
+    assert states_of(tracker, [[*prompt, 1, 2]]) == [generated_hash([1, 2])]
+    assert probe.advance_calls == advances + 1
+    assert probe.init_calls == 1
+
+
+def test_several_tokens_at_once_replay_from_the_longest_known_prefix(
+    probe: GeneratedHashBias,
+) -> None:
+    tracker = SequenceTracker([probe])
+    states_of(tracker, [[1, 2]])
+    assert states_of(tracker, [[1, 2, 3, 4, 5]]) == [generated_hash([3, 4, 5])]
+    assert (probe.init_calls, probe.advance_calls) == (1, 3)
+    # The intermediate prefixes were stored: going back to [1, 2, 3, 4] costs nothing.
+    assert states_of(tracker, [[1, 2, 3, 4]]) == [generated_hash([3, 4])]
+    assert probe.advance_calls == 3
+
+
+def test_resume_keeps_the_prompt_length_of_the_original_sequence() -> None:
+    pipeline = Pipeline([MinNewTokens(3, eos_token_id=0)])
+    logits = torch.zeros(1, 4)
+    pipeline(logits.clone(), torch.tensor([[1, 2]]))
+    pipeline(logits.clone(), torch.tensor([[1, 2, 3]]))
+    # A later call continues the text with two more tokens: 3 generated in all.
+    out = pipeline(logits.clone(), torch.tensor([[1, 2, 3, 3, 3]]))
+    assert out[0, 0] == 0  # EOS allowed again
+    fresh = pipeline(logits.clone(), torch.tensor([[9, 9, 9, 9, 9]]))
+    assert fresh[0, 0] == float("-inf")  # an unrelated prompt starts from zero
+
+
+def test_unknown_rows_start_new_sequences_with_the_whole_row_as_prompt(
+    probe: GeneratedHashBias,
+) -> None:
+    tracker = SequenceTracker([probe])
+    nodes = tracker.locate(torch.tensor([[4, 4, 4]]))
+    assert (nodes[0].length, nodes[0].prompt_length) == (3, 3)
+
+
+def test_ragged_right_aligned_rows_hash_like_full_rows(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe])
+    states_of(tracker, [[1, 2, 3], [7]])
+    rows = [[1, 2, 3, 4], [7, 8]]
+    assert states_of(tracker, rows) == [generated_hash([4]), generated_hash([8])]
+    assert probe.init_calls == 2
+
+
+def test_finished_sequences_are_freed(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe], max_idle_calls=4)
+    for request in range(50):  # 50 unrelated requests of 10 steps each
+        row = [100 + request]
+        for token in range(10):
+            row.append(token)
+            states_of(tracker, [row])
+    assert len(tracker) <= 4 * 2  # a bounded window, not 50 * 11 nodes
+
+
+def test_per_step_python_work_does_not_grow_with_length(
+    probe: GeneratedHashBias, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracker = SequenceTracker([probe])
+    slow_paths = []
+    original = tracker._from_longest_known_prefix
+
+    def counting(*args, **kwargs):
+        slow_paths.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tracker, "_from_longest_known_prefix", counting)
+    ids = torch.randint(0, 50_000, (4, 4096))
+    tracker.locate(ids)
+    assert len(slow_paths) == 4  # the prompts
+    for _ in range(20):
+        ids = torch.cat([ids, torch.randint(0, 50_000, (4, 1))], 1)
+        tracker.locate(ids)
+    # Steady decoding: one O(1) advance per row per step, never a replay.
+    assert len(slow_paths) == 4
+    assert probe.advance_calls == 4 * 20
+    assert probe.init_calls == 4
+
+
+def test_stateful_probe_equals_its_stateless_twin_under_shuffled_rows() -> None:
+    generator = torch.Generator().manual_seed(0)
+    stateful = Pipeline([GeneratedHashBias()])
+    stateless = Pipeline([GeneratedHashBiasRecompute(prompt_length=5)])
+    ids = torch.randint(0, 100, (6, 5), generator=generator)
+    for _ in range(10):
+        logits = torch.randn(6, 100, generator=generator)
+        assert torch.equal(stateful(logits.clone(), ids), stateless(logits.clone(), ids))
+        parents = torch.randint(0, 6, (6,), generator=generator)  # beams fork and die
+        ids = torch.cat([ids[parents], torch.randint(0, 100, (6, 1), generator=generator)], 1)
+    assert torch.equal(stateful(logits.clone(), ids), stateless(logits.clone(), ids))
+
+
+def test_token_ids_out_of_range_are_rejected(probe: GeneratedHashBias) -> None:
+    with pytest.raises(ValueError, match="token ids must lie"):
+        SequenceTracker([probe]).locate(torch.tensor([[-1, 2]]))
+
+
+def test_max_idle_calls_is_validated(probe: GeneratedHashBias) -> None:
+    with pytest.raises(ValueError, match="max_idle_calls must be >= 1, got 0"):
+        SequenceTracker([probe], max_idle_calls=0)
