@@ -284,3 +284,22 @@ def test_text_generation_pipeline_accepts_the_hook(model: Any, tokenizer: Any) -
     new_ids = hooked_out[0]["generated_token_ids"][-8:]
     assert not set(new_ids) & set(banned)
     assert new_ids != plain[0]["generated_token_ids"][-8:]
+
+
+def test_padded_vocabulary_model_works_with_vocabulary_bound_processors(tokenizer: Any) -> None:
+    from anylogits.testing.tiny_model import TinyModelSpec, build_tiny_model
+
+    folder = build_tiny_model(TinyModelSpec(pad_vocab_to=128320))
+    padded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert padded.config.vocab_size == 128320 > len(tokenizer)
+    eos = tokenizer.eos_token_id
+    push_eos = {"sequence_bias": {(eos,): 30.0}}
+    native = generate(padded, tokenizer, COUNTING, min_new_tokens=4, **push_eos)
+    ours = generate(
+        padded,
+        tokenizer,
+        COUNTING,
+        **push_eos,
+        logits_processor=hooked(MinNewTokens(4), tokenizer=tokenizer),
+    )
+    assert torch.equal(ours, native) and ours[0, 4] == eos

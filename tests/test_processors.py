@@ -177,3 +177,14 @@ def test_logits_of_the_wrong_shape_or_dtype_are_rejected() -> None:
         Pipeline([TopK(1)])(torch.zeros(3))
     with pytest.raises(ValueError, match=r"dtype torch\.int64 is not supported"):
         Pipeline([TopK(1)])(torch.zeros(1, 3, dtype=torch.int64))
+
+
+def test_history_ids_beyond_the_logits_width_are_ignored() -> None:
+    # An embedding wider than the LM head: ids 5 and 6 have no logit. Row 1 has no
+    # usable id at all and must come back unchanged.
+    ids = torch.tensor([[0, 5, 0, 5], [6, 5, 6, 5]])
+    logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    penalized = Pipeline([RepetitionPenalty(2.0)])(logits.clone(), ids)
+    assert penalized.tolist() == [[0.5, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    banned = Pipeline([NoRepeatNGram(2)])(logits.clone(), ids)
+    assert banned.tolist() == [[-INF, 2.0, 3.0], [1.0, 2.0, 3.0]]

@@ -9,6 +9,7 @@ prefix tracker handles both, so this adapter only converts and wires in.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -61,5 +62,18 @@ def for_transformers(
     """
     if not processors:
         raise ValueError("for_transformers needs at least one processor")
-    vocab = Vocabulary.from_hf_tokenizer(tokenizer) if tokenizer is not None else None
+    vocab = _vocabulary_of(tokenizer) if tokenizer is not None else None
     return TransformersLogitsProcessor(Pipeline(processors, vocab))
+
+
+# Reading a 128k vocabulary takes ~0.7 s; a hook is often built per generate() call.
+_VOCABULARIES: weakref.WeakKeyDictionary[Any, tuple[int, Vocabulary]] = weakref.WeakKeyDictionary()
+
+
+def _vocabulary_of(tokenizer: Any) -> Vocabulary:
+    cached = _VOCABULARIES.get(tokenizer)
+    if cached is not None and cached[0] == len(tokenizer):
+        return cached[1]
+    vocab = Vocabulary.from_hf_tokenizer(tokenizer)
+    _VOCABULARIES[tokenizer] = (len(tokenizer), vocab)
+    return vocab

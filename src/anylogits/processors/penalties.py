@@ -11,16 +11,22 @@ from anylogits.core.processor import LogitsProcessor
 from anylogits.processors._checks import int_at_least, positive_float
 
 
-def history_filled(batch: Batch) -> torch.Tensor:
-    """The ``(B, L)`` history with padding replaced by the row's last token.
+def history_within(batch: Batch, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``(B, L)`` history with every id usable as a column of ``width`` logits.
 
-    Gathering / scattering a token the row already holds changes nothing, so
-    processors can work on the full rectangle without masking.
+    Padding and ids ``>= width`` (models whose embedding is wider than their LM head) are
+    replaced by an id the same row already holds, so gathering / scattering them only
+    repeats work done for that id. Also returns which rows hold any usable id (``None``
+    when all do); rows that hold none must be left unchanged.
     """
     ids = batch.token_ids
-    if batch.lengths.min() == ids.shape[1]:
-        return ids
-    return torch.where(batch.valid_mask, ids, ids[:, -1:])
+    usable = ids < width
+    if batch.lengths.min() < ids.shape[1]:
+        usable &= batch.valid_mask
+    if bool(usable.all()):
+        return ids, None
+    fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
+    return torch.where(usable, ids, fill.clamp(min=0)), (fill >= 0)
 
 
 class RepetitionPenalty(LogitsProcessor):
@@ -52,9 +58,12 @@ class RepetitionPenalty(LogitsProcessor):
         return {"penalty": self.penalty}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        ids = history_filled(batch).to(logits.device)
+        ids, rows_with_ids = history_within(batch, logits.shape[-1])
+        ids = ids.to(logits.device)
         seen = logits.gather(1, ids)
         penalized = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        if rows_with_ids is not None:
+            penalized = torch.where(rows_with_ids.to(logits.device), penalized, seen)
         return logits.scatter_(1, ids, penalized)
 
 
@@ -101,6 +110,10 @@ class NoRepeatNGram(LogitsProcessor):
             inside = (starts >= row_starts) & (batch.lengths.to(ids.device) >= n)[:, None]
             matches &= inside
         followers = windows[..., -1]
+        if int(followers.max()) >= logits.shape[-1]:
+            # Ids beyond the logits (embedding wider than the LM head) cannot be banned.
+            matches &= followers < logits.shape[-1]
+            followers = followers.clamp(max=logits.shape[-1] - 1)
         # amin with +inf leaves a logit alone, with -inf bans it; duplicates are harmless.
         banned = torch.full(followers.shape, float("inf"), dtype=logits.dtype, device=ids.device)
         banned.masked_fill_(matches, float("-inf"))

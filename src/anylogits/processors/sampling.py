@@ -115,6 +115,9 @@ class TopP(LogitsProcessor):
         return {"top_p": self.top_p, "min_tokens_to_keep": self.min_tokens_to_keep}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.top_p >= 1.0:
+            # The float32 mass can round to 1.0 before the last tokens: keep them all.
+            return logits
         width = logits.shape[-1]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         k = min(width, max(self.first_chunk, self.min_tokens_to_keep))
