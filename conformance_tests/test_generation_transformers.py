@@ -159,18 +159,21 @@ def test_logit_bias_matches_sequence_bias(model: Any, tokenizer: Any) -> None:
     assert_same_and_effective(ours, native, plain)
 
 
-def test_min_new_tokens_matches_native_and_holds(model: Any, tokenizer: Any) -> None:
+def min_new_tokens_runs(model: Any, tokenizer: Any, minimum: int) -> tuple[torch.Tensor, ...]:
+    """Unprocessed, native and our tokens when a +30 EOS bias makes the model stop at once."""
     eos = tokenizer.eos_token_id
     push_eos = {"sequence_bias": {(eos,): 30.0}}
-    plain = generate(model, tokenizer, COUNTING, **push_eos)
-    native = generate(model, tokenizer, COUNTING, min_new_tokens=5, **push_eos)
-    ours = generate(
-        model,
-        tokenizer,
-        COUNTING,
-        **push_eos,
-        logits_processor=hooked(MinNewTokens(5), tokenizer=tokenizer),
+    hook = hooked(MinNewTokens(minimum), tokenizer=tokenizer)
+    return (
+        generate(model, tokenizer, COUNTING, **push_eos),
+        generate(model, tokenizer, COUNTING, min_new_tokens=minimum, **push_eos),
+        generate(model, tokenizer, COUNTING, **push_eos, logits_processor=hook),
     )
+
+
+def test_min_new_tokens_matches_native_and_holds(model: Any, tokenizer: Any) -> None:
+    plain, native, ours = min_new_tokens_runs(model, tokenizer, 5)
+    eos = tokenizer.eos_token_id
     assert plain[0, 0] == eos  # the bias makes the model want to stop at once
     assert_same_and_effective(ours, native, plain)
     assert eos not in ours[0, :5].tolist() and ours[0, 5] == eos
@@ -292,14 +295,6 @@ def test_padded_vocabulary_model_works_with_vocabulary_bound_processors(tokenize
     folder = build_tiny_model(TinyModelSpec(pad_vocab_to=128320))
     padded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     assert padded.config.vocab_size == 128320 > len(tokenizer)
-    eos = tokenizer.eos_token_id
-    push_eos = {"sequence_bias": {(eos,): 30.0}}
-    native = generate(padded, tokenizer, COUNTING, min_new_tokens=4, **push_eos)
-    ours = generate(
-        padded,
-        tokenizer,
-        COUNTING,
-        **push_eos,
-        logits_processor=hooked(MinNewTokens(4), tokenizer=tokenizer),
-    )
-    assert torch.equal(ours, native) and ours[0, 4] == eos
+    plain, native, ours = min_new_tokens_runs(padded, tokenizer, 4)
+    assert_same_and_effective(ours, native, plain)
+    assert ours[0, 4] == tokenizer.eos_token_id

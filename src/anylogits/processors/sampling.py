@@ -83,9 +83,10 @@ class TopP(LogitsProcessor):
     """Nucleus sampling: keep the smallest set of most likely tokens whose probability
     reaches ``top_p``.
 
-    Exact without sorting the vocabulary: probabilities are taken in descending chunks
-    with ``torch.topk``, growing the chunk only while some row has not reached
-    ``top_p``. Tokens tied with the last kept one are kept too, so the result does not
+    Exact without sorting the whole vocabulary when the nucleus is small: probabilities
+    are taken in descending chunks with ``torch.topk``, growing the chunk only while some
+    row has not reached ``top_p`` (and sorting everything once the chunk would pass 1/8
+    of the vocabulary). Tokens tied with the last kept one are kept too, so the result does not
     depend on sort order.
 
     Oracle: transformers ``TopPLogitsWarper``. Identical kept sets, except where the
@@ -122,15 +123,20 @@ class TopP(LogitsProcessor):
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         k = min(width, max(self.first_chunk, self.min_tokens_to_keep))
         while True:
-            top = torch.topk(probs, k, dim=-1)
-            mass = top.values.cumsum(dim=-1)
+            if k > width // 8:
+                # A large nucleus: one full sort beats a chain of ever larger top-k's.
+                k = width
+                values = torch.sort(probs, dim=-1, descending=True).values
+            else:
+                values = torch.topk(probs, k, dim=-1).values
+            mass = values.cumsum(dim=-1)
             if k == width or bool((mass[:, -1] >= self.top_p).all()):
                 break
-            k = min(width, 4 * k)
+            k *= 8
         # Rank r is kept while the mass of the r - 1 likelier tokens is below top_p.
         kept = (1 + (mass < self.top_p).sum(dim=-1)).clamp(max=k)
         kept = kept.clamp(min=min(self.min_tokens_to_keep, k))
-        threshold = top.values.gather(-1, (kept - 1)[:, None])
+        threshold = values.gather(-1, (kept - 1)[:, None])
         return keep_only(logits, probs >= threshold)
 
 
