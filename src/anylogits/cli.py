@@ -1,4 +1,4 @@
-"""The ``anylogits`` command: ``demo`` (the main job) and ``tiny-model``."""
+"""The anylogits command: demo (the main job) and tiny-model."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "tiny-model":
         from anylogits.testing.tiny_model import main as tiny_model_main
 
-        return tiny_model_main(rest)
+        return tiny_model_main(rest, prog="anylogits tiny-model")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from anylogits.demo import run_demo

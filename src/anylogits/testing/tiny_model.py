@@ -795,10 +795,10 @@ def build_tiny_model(
 # --------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Command line: build the tiny model (or find it in the cache) and print its folder."""
     parser = argparse.ArgumentParser(
-        prog="python -m anylogits.testing.tiny_model",
+        prog=prog or "python -m anylogits.testing.tiny_model",
         description="Build a deterministic tiny random-weight Llama with a real vocabulary "
         "as a Hugging Face folder, cached, and print the folder's path.",
     )
