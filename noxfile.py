@@ -59,3 +59,27 @@ def conformance(session: nox.Session, backend: str) -> None:
         "",
         *session.posargs,
     )
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """asv benchmarks of everything installed here, then a table of the ratios."""
+    session.install(
+        *CONSTRAINTS,
+        "-e",
+        ".[transformers]",
+        *nox.project.dependency_groups(PYPROJECT, "bench"),
+    )
+    commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True).strip()
+    session.chdir("asv_bench")
+    session.run("asv", "machine", "--yes")
+    session.run(
+        "asv",
+        "run",
+        "--python=same",
+        "--quick",
+        "--show-stderr",
+        f"--set-commit-hash={commit}",
+        *session.posargs,
+    )
+    session.run("python", "summary.py")

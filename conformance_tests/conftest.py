@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance_tests.backends import BACKENDS, installed
+from anylogits.testing.backends import BACKENDS, installed
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -43,7 +43,10 @@ def test_hook_equals_core(backend, name: str, dtype: torch.dtype, batch: int) ->
     for ids in call_sequence(batch, seed=batch):
         logits = torch.randn(batch, VOCAB_SIZE, generator=generator).to(dtype)
         expected = core(logits.clone(), ids)
-        actual = backend.call(hook, ids, logits)
+        native = logits.clone()
+        actual = backend.call(hook, ids, native)
+        if backend.preserves_logits:
+            assert torch.equal(native, logits), "the hook edited logits the backend keeps"
         assert actual.dtype == dtype and actual.shape == logits.shape
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
         changed |= not torch.equal(expected, logits)
@@ -57,4 +60,5 @@ def test_one_hook_runs_several_processors_in_order(backend) -> None:
     generator = torch.Generator().manual_seed(0)
     for ids in call_sequence(4, seed=1):
         logits = torch.randn(4, VOCAB_SIZE, generator=generator)
-        torch.testing.assert_close(backend.call(hook, ids, logits), core(logits.clone(), ids))
+        actual = backend.call(hook, ids, logits.clone())
+        torch.testing.assert_close(actual, core(logits.clone(), ids))

@@ -157,3 +157,47 @@ def test_token_ids_out_of_range_are_rejected(probe: GeneratedHashBias) -> None:
 def test_max_idle_calls_is_validated(probe: GeneratedHashBias) -> None:
     with pytest.raises(ValueError, match="max_idle_calls must be >= 1, got 0"):
         SequenceTracker([probe], max_idle_calls=0)
+
+
+def test_a_reused_caller_buffer_is_not_mistaken_for_an_extension(probe: GeneratedHashBias) -> None:
+    # llama-cpp-python hands out slices of one growing buffer; a new prompt overwrites it.
+    tracker = SequenceTracker([probe])
+    buffer = torch.tensor([[1, 2, 3, 0, 0, 0]])
+    tracker.locate(buffer[:, :3])
+    buffer[0, :4] = torch.tensor([7, 8, 9, 4])  # an unrelated prompt, one token longer
+    node = tracker.locate(buffer[:, :4])[0]
+    assert (node.length, node.prompt_length) == (4, 4)
+    assert probe.init_calls == 2
+
+
+def test_plain_decoding_extends_without_hashing_the_history(
+    probe: GeneratedHashBias, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracker = SequenceTracker([probe])
+    ids = torch.randint(0, 1000, (3, 50))
+    tracker.locate(ids)
+    fast_calls = []
+    original = tracker._extend_last_call
+
+    def counting(*args, **kwargs):
+        fast_calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tracker, "_extend_last_call", counting)
+    generated = [[] for _ in range(3)]
+    for _ in range(5):
+        new = torch.randint(0, 1000, (3, 1))
+        for row, token in enumerate(new[:, 0].tolist()):
+            generated[row].append(token)
+        ids = torch.cat([ids, new], 1)
+        states = [node.states[0] for node in tracker.locate(ids)]
+        assert states == [generated_hash(tokens) for tokens in generated]
+    assert len(fast_calls) == 5 and probe.advance_calls == 15
+    # The hashes kept on the fast path are the real ones: a reordered call still finds them.
+    nodes = tracker.locate(ids[[2, 0, 1]])
+    assert [node.states[0] for node in nodes] == [
+        generated_hash(generated[2]),
+        generated_hash(generated[0]),
+        generated_hash(generated[1]),
+    ]
+    assert probe.advance_calls == 15 and probe.init_calls == 3

@@ -68,6 +68,13 @@ class SequenceTracker:
         self._length_counts: Counter[int] = Counter()
         self._touched: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
         self._clock = 0
+        # The previous full-width call: its tokens (our own copy, in a buffer that grows
+        # by doubling), hashes and nodes. A call that only appends one column to it is
+        # recognised by one comparison pass, with no hashing at all.
+        self._last_tokens = torch.empty(0, 0, dtype=torch.int64)
+        self._last_width = 0
+        self._last_hashes = torch.empty(0, 2, dtype=torch.int64)
+        self._last_nodes: list[SequenceNode] = []
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -77,6 +84,8 @@ class SequenceTracker:
         self._nodes.clear()
         self._length_counts.clear()
         self._touched.clear()
+        self._last_width = 0
+        self._last_nodes = []
 
     def locate(
         self, token_ids: torch.Tensor, lengths: torch.Tensor | None = None
@@ -94,6 +103,10 @@ class SequenceTracker:
         if width == 0:
             raise ValueError("token_ids has no columns: a sequence needs at least one token")
         weights = self._position_weights(width)
+        if lengths is None and self._extends_last_call(ids):
+            nodes = self._extend_last_call(ids, weights[:, width - 1])
+            self._expire()
+            return nodes
         if lengths is None:
             row_lengths = [width] * batch
             row_weights = weights[:, :width].unsqueeze(1)
@@ -130,8 +143,65 @@ class SequenceTracker:
                     node = self._from_longest_known_prefix(row_ids, weights_row)
             self._touch(key, node)
             nodes.append(node)
+        if lengths is None:
+            self._remember(ids, full, nodes)
+        else:
+            self._last_width = 0
         self._expire()
         return nodes
+
+    def _extends_last_call(self, ids: torch.Tensor) -> bool:
+        batch, width = ids.shape
+        previous = self._last_width
+        return (
+            previous > 0
+            and width == previous + 1
+            and batch == len(self._last_nodes)
+            and torch.equal(ids[:, :previous], self._last_tokens[:, :previous])
+        )
+
+    def _extend_last_call(self, ids: torch.Tensor, new_weights: torch.Tensor) -> list[SequenceNode]:
+        """Every row is the same row of the last call plus one token: O(B) work."""
+        last = ids[:, -1]
+        if int(last.max()) >= _MAX_TOKEN_ID or int(last.min()) < 0:
+            raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+        full = self._last_hashes + last[:, None] * new_weights
+        width = ids.shape[1]
+        nodes: list[SequenceNode] = []
+        for parent, hashes, token_id in zip(
+            self._last_nodes, full.tolist(), last.tolist(), strict=True
+        ):
+            key = (width, *hashes)
+            node = self._nodes.get(key)
+            if node is None:
+                node = self._child(parent, token_id)
+            self._touch(key, node)
+            nodes.append(node)
+        self._remember(ids, full, nodes, appended_only=True)
+        return nodes
+
+    def _remember(
+        self,
+        ids: torch.Tensor,
+        hashes: torch.Tensor,
+        nodes: list[SequenceNode],
+        *,
+        appended_only: bool = False,
+    ) -> None:
+        # A copy: the caller may reuse its buffer (llama-cpp-python slices a growing one).
+        batch, width = ids.shape
+        buffer = self._last_tokens
+        if buffer.shape[0] != batch or buffer.shape[1] < width:
+            buffer = torch.empty(batch, max(2 * width, 256), dtype=torch.int64)
+            appended_only = False
+        if appended_only:
+            buffer[:, width - 1] = ids[:, -1]
+        else:
+            buffer[:, :width] = ids
+        self._last_tokens = buffer
+        self._last_width = width
+        self._last_hashes = hashes
+        self._last_nodes = nodes
 
     def _child(self, parent: SequenceNode, token_id: int) -> SequenceNode:
         states = tuple(
