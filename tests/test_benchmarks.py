@@ -1,0 +1,54 @@
+"""The asv benchmarks still run (one cheap parameter combination each) and report sane
+ratios. Timings are not judged here: a benchmark is not a test."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asv_bench"))
+
+from benchmarks.bench_overhead import AdapterOverhead
+from benchmarks.bench_processors import BatchScaling, ProcessorVsOracle
+from benchmarks.bench_sequence import SequenceLengthScaling
+from benchmarks.catalogue import ORACLES, PROCESSORS
+
+
+def run(benchmark: object, method: str, *params: object) -> float:
+    benchmark.setup(*params)  # type: ignore[attr-defined]
+    value = getattr(benchmark, method)(*params)
+    assert isinstance(value, float) and math.isfinite(value) and value > 0
+    return value
+
+
+def test_adapter_overhead_runs() -> None:
+    benchmark = AdapterOverhead()
+    run(benchmark, "track_hook_over_direct", "transformers", 32_000, 1)
+    benchmark.time_hook("transformers", 32_000, 1)
+    benchmark.time_direct("transformers", 32_000, 1)
+
+
+@pytest.mark.parametrize("processor", sorted(PROCESSORS))
+def test_every_processor_has_a_runnable_oracle(processor: str) -> None:
+    run(ProcessorVsOracle(), "track_ours_over_oracle", processor, "transformers", 32_000, 1)
+
+
+def test_batch_scaling_runs_for_ours_and_the_peer() -> None:
+    for implementation in ("anylogits", *ORACLES):
+        run(BatchScaling(), "track_b64_over_b1", "suppress_tokens", implementation)
+
+
+def test_sequence_scaling_runs_a_real_decoding_loop() -> None:
+    run(SequenceLengthScaling(), "track_step_over_l128", "tracker", 1_024, 1)
+
+
+def test_a_missing_backend_is_skipped_by_asv(monkeypatch: pytest.MonkeyPatch) -> None:
+    import benchmarks.backends as backends
+
+    monkeypatch.setattr(backends, "installed", lambda name: False)
+    with pytest.raises(NotImplementedError, match="transformers is not installed"):
+        AdapterOverhead().setup("transformers", 32_000, 1)
