@@ -3,6 +3,10 @@ torch and transformers versions, so they never share an environment)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import nox
 
 nox.options.reuse_venv = "yes"
@@ -14,9 +18,45 @@ CONSTRAINTS = ("-c", "constraints.txt")
 TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 
 # What each backend's conformance session installs, and the module proving it is there.
+# llama_cpp also installs transformers: its tests compare with the same weights there.
 BACKENDS = {
-    "transformers": {"extra": "transformers", "module": "transformers"},
+    "transformers": {"extras": "transformers", "module": "transformers"},
+    "llama_cpp": {"extras": "llama-cpp,transformers", "module": "llama_cpp"},
 }
+
+# llama-cpp-python ships only an sdist (~12 min to build on 2 cores). Build it once per
+# version and CMake flags into our own cache: pip's wheel cache ignores CMAKE_ARGS, and a
+# default build uses -march=native, so a cached wheel could crash on another CPU.
+LLAMA_CPP_VERSION = "0.3.36"
+LLAMA_CPP_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
+WHEEL_CACHE = Path(
+    os.environ.get("ANYLOGITS_WHEEL_CACHE", Path.home() / ".cache" / "anylogits" / "wheels")
+)
+
+
+def llama_cpp_wheel(session: nox.Session) -> str:
+    """The path of the llama-cpp-python wheel, built on first use."""
+    flags = hashlib.sha256(LLAMA_CPP_CMAKE_ARGS.encode()).hexdigest()[:10]
+    folder = WHEEL_CACHE / f"llama-cpp-python-{LLAMA_CPP_VERSION}-{flags}"
+    wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
+    if not wheels:
+        session.run(
+            "python",
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-cache-dir",
+            f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+            "-w",
+            str(folder),
+            env={
+                "CMAKE_ARGS": LLAMA_CPP_CMAKE_ARGS,
+                "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
+            },
+        )
+        wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
+    return str(wheels[-1])
 
 
 @nox.session
@@ -47,7 +87,8 @@ def conformance(session: nox.Session, backend: str) -> None:
     """The conformance suite on one backend, slow generation-level tests included, plus
     the unit tests that need the backend's libraries (tiny model, HF vocabularies)."""
     spec = BACKENDS[backend]
-    session.install(*CONSTRAINTS, "-e", f".[{spec['extra']}]", *TEST_DEPS)
+    prebuilt = [llama_cpp_wheel(session)] if backend == "llama_cpp" else []
+    session.install(*CONSTRAINTS, *prebuilt, "-e", f".[{spec['extras']}]", *TEST_DEPS)
     # A backend that failed to import would turn every test into a skip: fail instead.
     session.run("python", "-c", f"import {spec['module']}")
     session.run(

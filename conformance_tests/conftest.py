@@ -41,6 +41,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", params)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    selected = set(_selected(config))
+    for item in items:
+        marker = item.get_closest_marker("only_backend")
+        if marker is not None and marker.args[0] not in selected:
+            item.add_marker(pytest.mark.skip(reason=f"{marker.args[0]} is not selected"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny random-weight Llama with the real llama-bpe vocabulary (HF folder)."""

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
 
 
 def test_demo_runs_and_agrees_with_transformers(tiny_model_dir) -> None:

@@ -50,7 +50,7 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBiasRecompute,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
 
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"
 NEW_TOKENS = 16

@@ -67,6 +67,8 @@ from anylogits import (
     TopP,
 )
 
+pytestmark = pytest.mark.only_backend("transformers")
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 NEG_INF = float("-inf")
 # Widths around TopP's chunk sizes (64, then 256, 1024) exercise its chunk growth.

@@ -26,21 +26,24 @@ class AdapterOverhead:
 
     def setup(self, backend: str, vocab: int, batch: int) -> None:
         self.harness = require_backend(backend)
+        if self.harness.max_batch is not None and batch > self.harness.max_batch:
+            raise NotImplementedError(f"{backend} hooks see one sequence per call")
         self.hook = self.harness.hook([_bias()])
         self.direct = Pipeline([_bias()])
         self.ids = history(batch, 64, vocab)
         self.logits = peaked_logits(batch, vocab)
+        self.native = self.harness.native_arguments(self.ids, self.logits)
         self.owned = self.logits.clone()
 
     def time_hook(self, backend: str, vocab: int, batch: int) -> None:
-        self.harness.call(self.hook, self.ids, self.logits)
+        self.harness.invoke(self.hook, self.native)
 
     def time_direct(self, backend: str, vocab: int, batch: int) -> None:
         self.direct(self.owned, self.ids)
 
     def track_hook_over_direct(self, backend: str, vocab: int, batch: int) -> float:
         hook, direct = best_times(
-            (lambda native: self.harness.call(self.hook, self.ids, native), lambda: self.logits),
+            (lambda native: self.harness.invoke(self.hook, native), lambda: self.native),
             (lambda owned: self.direct(owned, self.ids), self.logits.clone),
         )
         self.extra_us = (hook - direct) * 1e6

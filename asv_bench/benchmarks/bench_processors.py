@@ -5,7 +5,7 @@ from __future__ import annotations
 from anylogits import Pipeline
 
 from .backends import require_backend
-from .catalogue import HISTORY, ORACLES, PROCESSORS
+from .catalogue import HISTORY, ONE_ROW_ORACLES, ORACLES, PROCESSORS
 from .common import best_times, history, peaked_logits
 
 PROCESSOR_NAMES = sorted(PROCESSORS)
@@ -24,6 +24,8 @@ class ProcessorVsOracle:
 
     def setup(self, processor: str, oracle: str, vocab: int, batch: int) -> None:
         require_backend(oracle)
+        if oracle in ONE_ROW_ORACLES and batch > 1:
+            raise NotImplementedError(f"{oracle}'s samplers take one row per call")
         self.ours = Pipeline([PROCESSORS[processor]()])
         self.oracle = ORACLES[oracle](processor)
         self.ids = history(batch, HISTORY, vocab)
@@ -67,6 +69,8 @@ class BatchScaling:
             self.copies = True  # ours edits in place: give each call its own copy
         else:
             require_backend(implementation)
+            if implementation in ONE_ROW_ORACLES:
+                raise NotImplementedError(f"{implementation}'s samplers take one row per call")
             self.run = ORACLES[implementation](processor)
             self.copies = False
         self.inputs = {

@@ -63,4 +63,36 @@ def _transformers(name: str) -> Oracle:
     return factories[name]()
 
 
-ORACLES: dict[str, Callable[[str], Oracle]] = {"transformers": _transformers}
+def _llama_cpp(name: str) -> Oracle:
+    import llama_cpp
+
+    from anylogits.testing.oracles import LlamaCppSampler
+
+    makers: dict[str, Callable[[int], Any]] = {
+        "temperature": lambda vocab: llama_cpp.llama_sampler_init_temp(0.7),
+        "top_k": lambda vocab: llama_cpp.llama_sampler_init_top_k(50),
+        "top_p": lambda vocab: llama_cpp.llama_sampler_init_top_p(0.9, 1),
+        "min_p": lambda vocab: llama_cpp.llama_sampler_init_min_p(0.05, 1),
+        "repetition_penalty": lambda vocab: llama_cpp.llama_sampler_init_penalties(
+            vocab, HISTORY, 1.3, 0.0, 0.0
+        ),
+    }
+    if name not in makers:
+        raise NotImplementedError(f"llama.cpp has no sampler for {name}")
+    samplers: dict[int, LlamaCppSampler] = {}
+
+    def apply(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        if vocab not in samplers:  # penalties remember the history it was given
+            samplers[vocab] = LlamaCppSampler(makers[name](vocab), vocab, ids[0].tolist())
+        return torch.from_numpy(samplers[vocab](logits[0].numpy()))[None]
+
+    return apply
+
+
+ORACLES: dict[str, Callable[[str], Oracle]] = {
+    "transformers": _transformers,
+    "llama_cpp": _llama_cpp,
+}
+# Oracles that take one row per call: larger batches are skipped.
+ONE_ROW_ORACLES = {"llama_cpp"}

@@ -31,13 +31,17 @@ from anylogits.processors import (
 )
 
 if TYPE_CHECKING:
+    from anylogits.adapters.llama_cpp import for_llama_cpp
     from anylogits.adapters.transformers import for_transformers
 
 __version__ = "0.1.0.dev0"
 
 # Factories live in their adapter modules and are imported on first access, so that
 # `import anylogits` never imports a backend library.
-_LAZY_FACTORIES = {"for_transformers": "anylogits.adapters.transformers"}
+_LAZY_FACTORIES = {
+    "for_llama_cpp": "anylogits.adapters.llama_cpp",
+    "for_transformers": "anylogits.adapters.transformers",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -66,6 +70,7 @@ __all__ = [
     "TopK",
     "TopP",
     "Vocabulary",
+    "for_llama_cpp",
     "for_transformers",
     "from_spec",
     "to_specs",

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-_NUMPY_FLOATS = ("float16", "float32", "float64")
+# dtype.char codes of float16 / float32 / float64 (dtype.name costs ~2 us per call).
+_NUMPY_FLOAT_CHARS = ("e", "f", "d")
 
 
 @dataclass
@@ -49,7 +50,7 @@ def to_torch(array: Any) -> Converted:
     if isinstance(array, torch.Tensor):
         tensor, shares = array, True
     elif _is_numpy(array):
-        if array.dtype.name not in _NUMPY_FLOATS:
+        if array.dtype.char not in _NUMPY_FLOAT_CHARS:
             raise ValueError(
                 f"numpy logits of dtype {array.dtype} are not supported; pass float16, "
                 "float32 or float64"

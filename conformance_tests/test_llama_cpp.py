@@ -1,0 +1,271 @@
+"""llama.cpp: vocabulary, hook contract, failure handling, resumed sequences, and real
+generation on the tiny model's GGUF form against transformers on the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp")
+transformers = pytest.importorskip("transformers")
+
+from anylogits import (  # noqa: E402
+    LogitBias,
+    LogitsProcessor,
+    MinNewTokens,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SuppressTokens,
+    Vocabulary,
+    for_llama_cpp,
+    for_transformers,
+)
+from anylogits.adapters.llama_cpp import vocabulary_of  # noqa: E402
+from anylogits.testing.probes import (  # noqa: E402
+    GeneratedHashBias,
+    GeneratedHashBiasRecompute,
+)
+from anylogits.testing.tiny_model import build_tiny_gguf  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
+
+COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tiny_model_dir: Path) -> Path:
+    return build_tiny_gguf()
+
+
+@pytest.fixture(scope="module")
+def llm(gguf_path: Path) -> Any:
+    return llama_cpp.Llama(
+        model_path=str(gguf_path),
+        n_ctx=512,
+        n_threads=1,
+        seed=0,
+        type_k=0,  # GGML_TYPE_F32: an f16 KV cache would drift from transformers
+        type_v=0,
+        verbose=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir: Path) -> tuple[Any, Any]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32
+    ).eval()
+    return model, tokenizer
+
+
+def prompt_ids(llm: Any, text: str) -> list[int]:
+    return llm.tokenize(text.encode(), add_bos=True, special=False)
+
+
+def llama_generate(llm: Any, prompt: list[int], hook: Any = None, n: int = NEW_TOKENS) -> list[int]:
+    """Greedy token ids from llama.cpp's own generate loop."""
+    tokens: list[int] = []
+    for token in llm.generate(prompt, temp=0.0, repeat_penalty=1.0, logits_processor=hook):
+        tokens.append(token)
+        if len(tokens) == n or llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+            break
+    return tokens
+
+
+def hf_generate(hf: tuple[Any, Any], prompt: list[int], *processors: LogitsProcessor) -> list[int]:
+    model, tokenizer = hf
+    hooks = transformers.LogitsProcessorList(
+        [for_transformers(*processors, tokenizer=tokenizer)] if processors else []
+    )
+    output = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        top_k=None,
+        top_p=1.0,
+        temperature=1.0,
+        logits_processor=hooks,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    return output[0, len(prompt) :].tolist()
+
+
+# -- vocabulary ---------------------------------------------------------------------------
+
+
+def test_vocabulary_from_llama_cpp_agrees_with_the_hf_tokenizer(llm: Any, hf: Any) -> None:
+    ours = vocabulary_of(llm)
+    theirs = Vocabulary.from_hf_tokenizer(hf[1])
+    assert ours.size == theirs.size == llm.n_vocab()
+    differing = [i for i in range(ours.size) if ours.tokens[i] != theirs.tokens[i]]
+    assert differing == []
+    assert theirs.eos_token_ids <= ours.eos_token_ids  # llama.cpp stops on every EOG id
+    assert ours.bos_token_id == theirs.bos_token_id
+    assert theirs.special_token_ids - ours.special_token_ids == set()
+
+
+# -- what the hook receives ---------------------------------------------------------------
+
+
+def test_the_hook_gets_int32_history_and_a_strided_float32_view(llm: Any) -> None:
+    seen: list[tuple[Any, ...]] = []
+    hook = for_llama_cpp(SuppressTokens([0]), model=llm)
+    inner = hook[0]
+
+    def recording(input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        seen.append(
+            (
+                input_ids.dtype,
+                input_ids.ndim,
+                len(input_ids),
+                scores.dtype,
+                scores.flags.c_contiguous,
+                scores.shape,
+            )
+        )
+        return inner(input_ids, scores)
+
+    prompt = prompt_ids(llm, COUNTING)
+    list(zip(range(3), llm.generate(prompt, temp=0.0, logits_processor=[recording]), strict=False))
+    assert seen[0][:3] == (np.intc, 1, len(prompt))
+    assert seen[1][2] == len(prompt) + 1
+    assert seen[0][3] == np.float32 and not seen[0][4] and seen[0][5] == (llm.n_vocab(),)
+
+
+# -- same weights, same processors, same tokens as transformers -----------------------------
+
+CASES = {
+    "repetition_penalty": lambda vocab_hint: [RepetitionPenalty(1.3)],
+    "no_repeat_ngram": lambda vocab_hint: [NoRepeatNGram(2)],
+    "suppress_tokens": lambda plain: [SuppressTokens(sorted(set(plain[:4])))],
+    "logit_bias": lambda plain: [LogitBias({plain[-1]: 4.0})],
+    "stateful_probe": lambda plain: [GeneratedHashBias(12.0)],
+}
+
+
+def test_unprocessed_greedy_tokens_equal_transformers(llm: Any, hf: Any) -> None:
+    prompt = prompt_ids(llm, COUNTING)
+    assert llama_generate(llm, prompt) == hf_generate(hf, prompt)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_processors_give_the_same_tokens_as_on_transformers(llm: Any, hf: Any, case: str) -> None:
+    prompt = prompt_ids(llm, COUNTING)
+    plain = llama_generate(llm, prompt)
+    ours = llama_generate(llm, prompt, for_llama_cpp(*CASES[case](plain), model=llm))
+    assert ours != plain, "the processor did not change llama.cpp's output"
+    assert ours == hf_generate(hf, prompt, *CASES[case](plain))
+
+
+def test_min_new_tokens_holds_against_every_end_of_generation_token(llm: Any) -> None:
+    eog = sorted(vocabulary_of(llm).eos_token_ids)
+    prompt = prompt_ids(llm, COUNTING)
+    push = LogitBias({token: 30.0 for token in eog})
+    stopped = llama_generate(llm, prompt, for_llama_cpp(push, model=llm))
+    assert len(stopped) == 1 and stopped[0] in eog
+    held = llama_generate(llm, prompt, for_llama_cpp(push, MinNewTokens(5), model=llm))
+    assert len(held) == 6 and held[-1] in eog and not set(held[:5]) & set(eog)
+
+
+def test_every_completion_api_runs_the_hook(llm: Any) -> None:
+    prompt = prompt_ids(llm, COUNTING)
+    plain = llama_generate(llm, prompt, n=8)
+    banned = sorted(set(plain[:3]))
+    expected = llama_generate(llm, prompt, for_llama_cpp(SuppressTokens(banned), model=llm), n=8)
+    text = llm.detokenize(expected).decode("utf-8", errors="replace")
+    options = {"max_tokens": 8, "temperature": 0.0, "repeat_penalty": 1.0}
+
+    def hook() -> Any:
+        return for_llama_cpp(SuppressTokens(banned), model=llm)
+
+    completion = llm.create_completion(prompt, logits_processor=hook(), **options)
+    assert completion["choices"][0]["text"] == text
+    called = llm(prompt, logits_processor=hook(), **options)
+    assert called["choices"][0]["text"] == text
+    streamed = "".join(
+        chunk["choices"][0]["text"]
+        for chunk in llm.create_completion(prompt, logits_processor=hook(), stream=True, **options)
+    )
+    assert streamed == text
+    chat = llm.create_chat_completion(
+        [{"role": "user", "content": "hi"}],
+        logits_processor=hook(),
+        max_tokens=8,
+        temperature=0.0,
+    )
+    assert chat["choices"][0]["message"]["content"] is not None
+
+
+# -- failures stop generation and reach the caller --------------------------------------
+
+
+class Boom(LogitsProcessor):
+    """Fails on its ``after``-th call."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.calls = 0
+
+    def process(self, logits: torch.Tensor, batch: Any) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > self.after:
+            raise KeyError(f"boom at call {self.calls}")
+        return logits
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failing_processor_stops_generation_and_raises(llm: Any, stream: bool) -> None:
+    boom = Boom(after=3)
+    prompt = prompt_ids(llm, COUNTING)
+    with pytest.raises(KeyError, match="boom at call 4"):
+        result = llm.create_completion(
+            prompt,
+            logits_processor=for_llama_cpp(boom, model=llm),
+            max_tokens=20,
+            temperature=0.0,
+            stream=stream,
+        )
+        if stream:
+            list(result)
+    assert boom.calls == 4  # nothing ran after the failure
+    # The model is usable afterwards and an earlier failure does not leak into it.
+    assert llama_generate(llm, prompt, n=4) == llama_generate(llm, prompt, n=4)
+
+
+def test_a_failing_processor_raises_from_generate(llm: Any) -> None:
+    prompt = prompt_ids(llm, COUNTING)
+    with pytest.raises(KeyError):
+        llama_generate(llm, prompt, for_llama_cpp(Boom(after=0), model=llm))
+
+
+# -- resumed sequences ------------------------------------------------------------------
+
+
+def test_a_resumed_completion_continues_the_stateful_state(llm: Any) -> None:
+    prompt = prompt_ids(llm, COUNTING)
+    whole = llama_generate(llm, prompt, for_llama_cpp(GeneratedHashBias(12.0), model=llm), n=12)
+    hook = for_llama_cpp(GeneratedHashBias(12.0), model=llm)
+    first = llama_generate(llm, prompt, hook, n=6)
+    second = llama_generate(llm, prompt + first, hook, n=6)
+    assert first + second == whole
+    # Resuming after text the user added (several tokens at once) replays them.
+    extra = prompt_ids(llm, " and so on")[1:]
+    resumed = prompt + first + second + extra
+    twin = for_llama_cpp(GeneratedHashBiasRecompute(len(prompt), 12.0), model=llm)
+    assert llama_generate(llm, resumed, hook, n=6) == llama_generate(llm, resumed, twin, n=6)
+    # An unrelated prompt with the same hook starts from a fresh state.
+    other = prompt_ids(llm, "the cat sat on the mat")
+    fresh = llama_generate(llm, other, for_llama_cpp(GeneratedHashBias(12.0), model=llm), n=8)
+    assert llama_generate(llm, other, hook, n=8) == fresh
+
+
+def test_for_llama_cpp_rejects_a_model_of_the_wrong_type() -> None:
+    with pytest.raises(ValueError, match=r"model must be a llama_cpp\.Llama"):
+        for_llama_cpp(SuppressTokens([0]), model="model.gguf")

@@ -1,0 +1,131 @@
+"""Level 2 on llama.cpp: each processor against llama.cpp's own sampler on identical
+logits, through the low-level ``llama_sampler_init_*`` / ``llama_sampler_apply`` API.
+
+Semantic differences found, each tested in the configuration where the two agree and
+pinned where they do not:
+- top-k: llama.cpp keeps exactly k candidates (ties cut arbitrarily); ours keeps every
+  token tied with the k-th, like transformers. Compared on tie-free logits.
+- repetition penalty: llama.cpp penalizes only the last ``penalty_last_n`` tokens it was
+  told about with ``llama_sampler_accept``, and llama-cpp-python accepts only generated
+  tokens, never the prompt; ours (transformers' semantics) penalizes the whole history.
+  Equal when every history token is accepted and ``penalty_last_n`` covers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from anylogits import (  # noqa: E402
+    LogitsProcessor,
+    MinP,
+    Pipeline,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+)
+from anylogits.testing.oracles import LlamaCppSampler  # noqa: E402
+
+pytestmark = pytest.mark.only_backend("llama_cpp")
+
+VOCAB = 2_000
+
+
+def native(
+    make_sampler: Callable[[], Any], logits: np.ndarray, history: Sequence[int] = ()
+) -> np.ndarray:
+    """llama.cpp's sampler applied to ``logits``: removed candidates come back -inf."""
+    return LlamaCppSampler(make_sampler(), len(logits), history)(logits)
+
+
+def ours(
+    processor: LogitsProcessor, logits: np.ndarray, history: Sequence[int] = (0,)
+) -> np.ndarray:
+    ids = torch.tensor([list(history)], dtype=torch.int64)
+    return Pipeline([processor])(torch.from_numpy(logits.copy())[None], ids)[0].numpy()
+
+
+def random_logits(seed: int, scale: float = 3.0) -> np.ndarray:
+    generator = np.random.default_rng(seed)
+    return (generator.standard_normal(VOCAB) * scale).astype(np.float32)
+
+
+SEEDS = range(8)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("k", [1, 5, 40, 1_000])
+def test_top_k_matches(seed: int, k: int) -> None:
+    logits = random_logits(seed)  # continuous values: no ties at the k-th
+    expected = native(lambda: llama_cpp.llama_sampler_init_top_k(k), logits)
+    assert np.isfinite(expected).sum() == k
+    np.testing.assert_array_equal(ours(TopK(k), logits), expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9, 0.95])
+def test_top_p_matches(seed: int, p: float) -> None:
+    logits = random_logits(seed)
+    expected = native(lambda: llama_cpp.llama_sampler_init_top_p(p, 1), logits)
+    assert np.isfinite(expected).sum() < VOCAB  # it truncates: the test can fail
+    np.testing.assert_array_equal(ours(TopP(p), logits), expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("p", [0.01, 0.05, 0.2, 0.5])
+def test_min_p_matches(seed: int, p: float) -> None:
+    logits = random_logits(seed)
+    expected = native(lambda: llama_cpp.llama_sampler_init_min_p(p, 1), logits)
+    assert np.isfinite(expected).sum() < VOCAB
+    np.testing.assert_array_equal(ours(MinP(p), logits), expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("t", [0.3, 0.7, 1.5])
+def test_temperature_matches(seed: int, t: float) -> None:
+    logits = random_logits(seed)
+    expected = native(lambda: llama_cpp.llama_sampler_init_temp(t), logits)
+    np.testing.assert_allclose(ours(Temperature(t), logits), expected, rtol=1e-6)
+
+
+def _history(seed: int, length: int) -> list[int]:
+    generator = np.random.default_rng(seed + 100)
+    return generator.integers(0, 50, length).tolist()  # few ids: they repeat
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_repetition_penalty_matches_when_the_window_covers_the_history(
+    seed: int, penalty: float
+) -> None:
+    logits = random_logits(seed)
+    logits[:50:7] = 0.0  # llama.cpp tests `<= 0`, transformers `< 0`: same at zero
+    history = _history(seed, 40)
+    expected = native(
+        lambda: llama_cpp.llama_sampler_init_penalties(VOCAB, len(history), penalty, 0.0, 0.0),
+        logits,
+        history,
+    )
+    assert not np.array_equal(expected, logits)
+    np.testing.assert_allclose(
+        ours(RepetitionPenalty(penalty), logits, history), expected, rtol=1e-6
+    )
+
+
+def test_repetition_penalty_window_is_a_known_difference() -> None:
+    logits = random_logits(0)
+    history = list(range(10)) + [20] * 5  # ids 0-9 only outside a window of 5
+    windowed = native(
+        lambda: llama_cpp.llama_sampler_init_penalties(VOCAB, 5, 1.5, 0.0, 0.0), logits, history
+    )
+    whole = ours(RepetitionPenalty(1.5), logits, history)
+    np.testing.assert_array_equal(windowed[:10], logits[:10])  # llama.cpp: outside window
+    assert not np.allclose(whole[:10], logits[:10])  # ours: the whole history
+    np.testing.assert_allclose(whole[20], windowed[20], rtol=1e-6)

@@ -1,0 +1,188 @@
+"""llama.cpp (llama-cpp-python): a ``LogitsProcessorList`` entry for every completion API.
+
+llama-cpp-python calls the hook from inside llama.cpp's sampler chain (a ctypes
+callback) as ``scores[:] = hook(input_ids, scores)``: ``input_ids`` is the 1-D int32
+history (prompt included, a slice of a buffer it reuses), ``scores`` a 1-D float32
+strided view into llama.cpp's candidate records. Edits in place reach llama.cpp.
+
+Two failure modes of that callback are closed here: an exception raised inside it is
+printed and swallowed (generation would go on with unprocessed logits), and a ``None``
+result turns every logit into NaN. A failing hook therefore forces end-of-sequence, and
+the model's ``generate`` (which ``create_completion``, ``__call__`` and
+``create_chat_completion`` all run through) re-raises the original exception.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import weakref
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import torch
+
+from anylogits.core.arrays import from_torch, to_torch
+from anylogits.core.pipeline import Pipeline
+from anylogits.core.processor import LogitsProcessor
+from anylogits.core.vocab import Vocabulary
+
+
+class _Failures:
+    """The first processor error of the running generation of one model."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def record(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+
+    def raise_if_any(self) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+
+class LlamaCppLogitsProcessor:
+    """The llama-cpp-python hook around an anylogits :class:`~anylogits.Pipeline`.
+
+    Args:
+        pipeline: the processors to run.
+        eos_token_id: forced when a processor fails, so generation stops.
+        failures: where a failure is recorded for the model's ``generate`` to re-raise.
+    """
+
+    def __init__(self, pipeline: Pipeline, eos_token_id: int, failures: _Failures) -> None:
+        self.pipeline = pipeline
+        self.eos_token_id = eos_token_id
+        self.failures = failures
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        try:
+            converted = to_torch(scores)
+            # int32 -> int64 copies, which also detaches us from llama's reused buffer.
+            history = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))[None]
+            result = self.pipeline(converted.tensor, history)
+            return from_torch(result, converted, in_place=True)
+        except BaseException as error:
+            # Raising here would be swallowed by the ctypes callback and generation would
+            # go on unconstrained: stop it instead and let generate() re-raise.
+            self.failures.record(error)
+            scores[:] = -np.inf
+            scores[self.eos_token_id] = 0.0
+            return scores
+
+    def reset(self) -> None:
+        """Forget tracked sequences before reusing this hook for unrelated prompts."""
+        self.pipeline.reset()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
+
+
+def for_llama_cpp(
+    *processors: LogitsProcessor | Pipeline, model: llama_cpp.Llama
+) -> llama_cpp.LogitsProcessorList:
+    """A ``llama_cpp.LogitsProcessorList`` that runs ``processors`` in order.
+
+    Args:
+        *processors: anylogits processors (or pipelines), applied in the order given.
+        model: the ``llama_cpp.Llama`` that will generate; its own vocabulary is used,
+            and its ``generate`` is wrapped (once) so that a processor error stops the
+            generation and is raised to the caller instead of being swallowed.
+
+    Example::
+
+        from llama_cpp import Llama
+        from anylogits import NoRepeatNGram, RepetitionPenalty, for_llama_cpp
+
+        llm = Llama(model_path="model.gguf")
+        hook = for_llama_cpp(RepetitionPenalty(1.3), NoRepeatNGram(3), model=llm)
+        llm.create_completion("Once upon a time", logits_processor=hook, max_tokens=32)
+    """
+    if not processors:
+        raise ValueError("for_llama_cpp needs at least one processor")
+    if not isinstance(model, llama_cpp.Llama):
+        raise ValueError(
+            f"model must be a llama_cpp.Llama, got {type(model).__qualname__}; pass "
+            "model=Llama(model_path=...)"
+        )
+    vocab = vocabulary_of(model)
+    hook = LlamaCppLogitsProcessor(Pipeline(processors, vocab), model.token_eos(), _guard(model))
+    return llama_cpp.LogitsProcessorList([hook])
+
+
+def _guard(model: llama_cpp.Llama) -> _Failures:
+    """Wrap ``model.generate`` once so that recorded processor errors are re-raised."""
+    failures = model.__dict__.get("_anylogits_failures")
+    if failures is not None:
+        return failures
+    failures = _Failures()
+    original = model.generate
+
+    @functools.wraps(original)
+    def generate(*args: Any, **kwargs: Any) -> Generator[int, Any, None]:
+        failures.error = None  # an error already raised belongs to an earlier call
+        return _checked(original(*args, **kwargs), failures)
+
+    model.generate = generate  # type: ignore[method-assign]
+    model._anylogits_failures = failures  # type: ignore[attr-defined]
+    return failures
+
+
+def _checked(tokens: Generator[int, Any, None], failures: _Failures) -> Iterator[int]:
+    """Pass tokens (and ``send`` values) through; raise a recorded processor error."""
+    sent = None
+    while True:
+        try:
+            token = tokens.send(sent)
+        except StopIteration:
+            failures.raise_if_any()
+            return
+        if failures.error is not None:
+            tokens.close()
+            failures.raise_if_any()
+        sent = yield token
+
+
+_VOCABULARIES: weakref.WeakKeyDictionary[Any, Vocabulary] = weakref.WeakKeyDictionary()
+
+
+def vocabulary_of(model: llama_cpp.Llama) -> Vocabulary:
+    """The model's own vocabulary, read through llama.cpp (``llama_token_to_piece``).
+
+    End-of-sequence ids are every end-of-generation token (``llama_vocab_is_eog``:
+    e.g. Llama 3's ``<|end_of_text|>``, ``<|eot_id|>``, ``<|eom_id|>``), since llama.cpp
+    stops on any of them; a Hugging Face tokenizer usually names only one.
+    """
+    cached = _VOCABULARIES.get(model)
+    if cached is not None:
+        return cached
+    handle = model._model.vocab
+    size = model.n_vocab()
+    buffer = ctypes.create_string_buffer(256)
+    tokens: list[bytes] = []
+    eos: set[int] = set()
+    special: set[int] = set()
+    for token_id in range(size):
+        length = llama_cpp.llama_token_to_piece(handle, token_id, buffer, len(buffer), 0, True)
+        if length < 0:
+            buffer = ctypes.create_string_buffer(-length)
+            length = llama_cpp.llama_token_to_piece(handle, token_id, buffer, -length, 0, True)
+        tokens.append(buffer.raw[:length])
+        if llama_cpp.llama_vocab_is_eog(handle, token_id):
+            eos.add(token_id)
+        if llama_cpp.llama_vocab_is_control(handle, token_id):
+            special.add(token_id)
+    bos = model.token_bos()
+    vocab = Vocabulary(
+        tokens=tuple(tokens),
+        eos_token_ids=frozenset(eos),
+        special_token_ids=frozenset(special),
+        bos_token_id=bos if bos >= 0 else None,
+    )
+    _VOCABULARIES[model] = vocab
+    return vocab
