@@ -107,8 +107,9 @@ def bench(session: nox.Session) -> None:
     """asv benchmarks of everything installed here, then a table of the ratios."""
     session.install(
         *CONSTRAINTS,
+        llama_cpp_wheel(session),
         "-e",
-        ".[transformers]",
+        ".[transformers,llama-cpp]",
         *nox.project.dependency_groups(PYPROJECT, "bench"),
     )
     commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True).strip()

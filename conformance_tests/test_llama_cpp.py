@@ -203,6 +203,28 @@ def test_every_completion_api_runs_the_hook(llm: Any) -> None:
     assert chat["choices"][0]["message"]["content"] is not None
 
 
+def test_logit_bias_next_to_our_processors_keeps_both(llm: Any) -> None:
+    # llama-cpp-python assigns the result of `logits_processor.extend(...)` when
+    # logit_bias is given; a plain list would become None and drop our processors.
+    prompt = prompt_ids(llm, COUNTING)
+    plain = llama_generate(llm, prompt, n=6)
+    banned = sorted(set(plain[:3]))
+    options = {"max_tokens": 6, "temperature": 0.0, "repeat_penalty": 1.0}
+    hook = for_llama_cpp(SuppressTokens(banned), model=llm)
+    favoured = 5
+    both = llm.create_completion(
+        prompt, logits_processor=hook, logit_bias={favoured: 100.0}, logprobs=None, **options
+    )
+    expected = llama_generate(
+        llm,
+        prompt,
+        for_llama_cpp(SuppressTokens(banned), LogitBias({favoured: 100.0}), model=llm),
+        n=6,
+    )
+    assert both["choices"][0]["text"] == llm.detokenize(expected).decode("utf-8", "replace")
+    assert len(hook) == 1  # the caller's list is left as it was
+
+
 # -- failures stop generation and reach the caller --------------------------------------
 
 

@@ -83,9 +83,22 @@ class LlamaCppLogitsProcessor:
         return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
 
 
+class AnyLogitsProcessorList(llama_cpp.LogitsProcessorList):
+    """The list ``for_llama_cpp`` returns.
+
+    ``extend`` returns a new list and leaves this one unchanged. llama-cpp-python 0.3.x
+    runs ``logits_processor = logits_processor.extend(bias_list)`` when ``logit_bias`` is
+    given; with ``list.extend`` (which returns ``None``) that silently dropped every
+    processor, and it would also append a bias to this list on every call.
+    """
+
+    def extend(self, processors: Any) -> AnyLogitsProcessorList:  # type: ignore[override]
+        return AnyLogitsProcessorList([*self, *processors])
+
+
 def for_llama_cpp(
     *processors: LogitsProcessor | Pipeline, model: llama_cpp.Llama
-) -> llama_cpp.LogitsProcessorList:
+) -> AnyLogitsProcessorList:
     """A ``llama_cpp.LogitsProcessorList`` that runs ``processors`` in order.
 
     Args:
@@ -112,7 +125,7 @@ def for_llama_cpp(
         )
     vocab = vocabulary_of(model)
     hook = LlamaCppLogitsProcessor(Pipeline(processors, vocab), model.token_eos(), _guard(model))
-    return llama_cpp.LogitsProcessorList([hook])
+    return AnyLogitsProcessorList([hook])
 
 
 def _guard(model: llama_cpp.Llama) -> _Failures:
