@@ -23,6 +23,19 @@ def states_of(tracker: SequenceTracker, rows: list[list[int]]) -> list[int]:
     return [node.states[0] for node in tracker.locate(ids, lengths)]
 
 
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """Wrap ``owner.name`` so that every call appends to the returned list."""
+    calls: list[int] = []
+    original = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
 @pytest.fixture
 def probe() -> GeneratedHashBias:
     return GeneratedHashBias()
@@ -116,14 +129,7 @@ def test_per_step_python_work_does_not_grow_with_length(
     probe: GeneratedHashBias, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tracker = SequenceTracker([probe])
-    slow_paths = []
-    original = tracker._from_longest_known_prefix
-
-    def counting(*args, **kwargs):
-        slow_paths.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(tracker, "_from_longest_known_prefix", counting)
+    slow_paths = count_calls(monkeypatch, tracker, "_from_longest_known_prefix")
     ids = torch.randint(0, 50_000, (4, 4096))
     tracker.locate(ids)
     assert len(slow_paths) == 4  # the prompts
@@ -176,14 +182,7 @@ def test_plain_decoding_extends_without_hashing_the_history(
     tracker = SequenceTracker([probe])
     ids = torch.randint(0, 1000, (3, 50))
     tracker.locate(ids)
-    fast_calls = []
-    original = tracker._extend_last_call
-
-    def counting(*args, **kwargs):
-        fast_calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(tracker, "_extend_last_call", counting)
+    fast_calls = count_calls(monkeypatch, tracker, "_extend_last_call")
     generated = [[] for _ in range(3)]
     for _ in range(5):
         new = torch.randint(0, 1000, (3, 1))
