@@ -6,6 +6,7 @@ Usage (from asv_bench/, after `asv run`): python summary.py [RESULTS_DIR]
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ def rows(result: Results, key: str) -> Iterator[tuple[Params, float]]:
     params = result.get_result_params(key)
     values = result.get_result_value(key, params)
     for combination, value in zip(itertools.product(*params), values, strict=True):
-        if value is not None:
+        if value is not None and math.isfinite(value):  # skipped combinations are NaN
             labels = {name: raw.strip("'") for name, raw in zip(names, combination, strict=True)}
             yield labels, float(value)
 
