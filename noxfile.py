@@ -22,6 +22,7 @@ TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 BACKENDS = {
     "transformers": {"extras": "transformers", "module": "transformers"},
     "llama_cpp": {"extras": "llama-cpp,transformers", "module": "llama_cpp"},
+    "mlx": {"extras": "mlx,transformers", "module": "mlx_lm"},
 }
 
 # llama-cpp-python ships only an sdist (~12 min to build on 2 cores). Build it once per
@@ -109,7 +110,7 @@ def bench(session: nox.Session) -> None:
         *CONSTRAINTS,
         llama_cpp_wheel(session),
         "-e",
-        ".[transformers,llama-cpp]",
+        ".[transformers,llama-cpp,mlx]",
         *nox.project.dependency_groups(PYPROJECT, "bench"),
     )
     commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True).strip()

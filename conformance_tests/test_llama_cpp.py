@@ -22,7 +22,6 @@ from anylogits import (  # noqa: E402
     SuppressTokens,
     Vocabulary,
     for_llama_cpp,
-    for_transformers,
 )
 from anylogits.adapters.llama_cpp import vocabulary_of  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
@@ -30,6 +29,7 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBiasRecompute,
 )
 from anylogits.testing.tiny_model import build_tiny_gguf  # noqa: E402
+from conformance_tests.reference import hf_greedy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
 
@@ -79,22 +79,7 @@ def llama_generate(llm: Any, prompt: list[int], hook: Any = None, n: int = NEW_T
 
 
 def hf_generate(hf: tuple[Any, Any], prompt: list[int], *processors: LogitsProcessor) -> list[int]:
-    model, tokenizer = hf
-    hooks = transformers.LogitsProcessorList(
-        [for_transformers(*processors, tokenizer=tokenizer)] if processors else []
-    )
-    output = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        top_k=None,
-        top_p=1.0,
-        temperature=1.0,
-        logits_processor=hooks,
-        pad_token_id=tokenizer.eos_token_id,
-    )
-    return output[0, len(prompt) :].tolist()
+    return hf_greedy(*hf, prompt, *processors, n=NEW_TOKENS)
 
 
 # -- vocabulary ---------------------------------------------------------------------------

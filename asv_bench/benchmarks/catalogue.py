@@ -90,9 +90,51 @@ def _llama_cpp(name: str) -> Oracle:
     return apply
 
 
+def _mlx(name: str) -> Oracle:
+    import mlx.core as mx
+    from mlx_lm import sample_utils as su
+
+    def logprobs(logits: mx.array) -> mx.array:
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    filters: dict[str, Callable[[mx.array, mx.array], mx.array]] = {
+        "top_k": lambda ids, logits: su.apply_top_k(logprobs(logits), 50),
+        "top_p": lambda ids, logits: su.apply_top_p(logprobs(logits), 0.9),
+        "min_p": lambda ids, logits: su.apply_min_p(logprobs(logits), 0.05),
+        "temperature": lambda ids, logits: logits * (1 / 0.7),
+    }
+    if name in ("repetition_penalty", "logit_bias"):
+        options = (
+            {"repetition_penalty": 1.3, "repetition_context_size": HISTORY}
+            if name == "repetition_penalty"
+            else {"logit_bias": BIAS}
+        )
+        (processor,) = su.make_logits_processors(**options)
+        filters[name] = processor
+    if name not in filters:
+        raise NotImplementedError(f"mlx-lm has no native {name}")
+
+    converted: dict[int, Any] = {}
+
+    def native(tensor: torch.Tensor) -> Any:
+        # Time mlx-lm's own op, not our torch -> MLX copy of the benchmark's input.
+        if id(tensor) not in converted:
+            converted.clear()
+            converted[id(tensor)] = (tensor, mx.array(tensor))
+        return converted[id(tensor)][1]
+
+    def apply(ids: torch.Tensor, logits: torch.Tensor) -> Any:
+        result = filters[name](mx.array(ids[0].to(torch.int32)), native(logits))
+        mx.eval(result)
+        return result
+
+    return apply
+
+
 ORACLES: dict[str, Callable[[str], Oracle]] = {
     "transformers": _transformers,
     "llama_cpp": _llama_cpp,
+    "mlx": _mlx,
 }
 # Oracles that take one row per call: larger batches are skipped.
-ONE_ROW_ORACLES = {"llama_cpp"}
+ONE_ROW_ORACLES = {"llama_cpp", "mlx"}

@@ -32,6 +32,7 @@ from anylogits.processors import (
 
 if TYPE_CHECKING:
     from anylogits.adapters.llama_cpp import for_llama_cpp
+    from anylogits.adapters.mlx import for_mlx
     from anylogits.adapters.transformers import for_transformers
 
 __version__ = "0.1.0.dev0"
@@ -40,6 +41,7 @@ __version__ = "0.1.0.dev0"
 # `import anylogits` never imports a backend library.
 _LAZY_FACTORIES = {
     "for_llama_cpp": "anylogits.adapters.llama_cpp",
+    "for_mlx": "anylogits.adapters.mlx",
     "for_transformers": "anylogits.adapters.transformers",
 }
 
@@ -71,6 +73,7 @@ __all__ = [
     "TopP",
     "Vocabulary",
     "for_llama_cpp",
+    "for_mlx",
     "for_transformers",
     "from_spec",
     "to_specs",

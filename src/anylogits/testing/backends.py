@@ -85,8 +85,46 @@ class LlamaCppBackend:
         return torch.from_numpy(records.logit.copy())[None]
 
 
+class MlxBackend:
+    """mlx-lm calls ``logits = processor(tokens, logits)`` with ``tokens`` the 1-D
+    history of one sequence (mx.array) and ``logits`` ``(1, V)`` in the model's dtype."""
+
+    name = "mlx"
+    module = "mlx_lm"
+    preserves_logits = True  # MLX arrays are immutable: a new array comes back
+    max_batch = 1
+    dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
+        """The hook around a pipeline without a tokenizer (``for_mlx`` needs one)."""
+        from anylogits.adapters.mlx import MlxLogitsProcessor
+        from anylogits.core.pipeline import Pipeline
+
+        return MlxLogitsProcessor(Pipeline(processors))
+
+    def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
+        import mlx.core as mx
+
+        if token_ids.shape[0] != 1:
+            raise ValueError("mlx-lm calls processors with one sequence at a time")
+        tokens = mx.array(token_ids[0].to(torch.int32))
+        native = mx.array(logits)
+        mx.eval(tokens, native)
+        return tokens, native
+
+    def invoke(self, hook: Any, arguments: tuple[Any, ...]) -> Any:
+        import mlx.core as mx
+
+        result = hook(*arguments)
+        mx.eval(result)
+        return result
+
+    def call(self, hook: Any, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return torch.from_dlpack(self.invoke(hook, self.native_arguments(token_ids, logits)))
+
+
 BACKENDS: dict[str, Any] = {
-    backend.name: backend for backend in (TransformersBackend(), LlamaCppBackend())
+    backend.name: backend for backend in (TransformersBackend(), LlamaCppBackend(), MlxBackend())
 }
 
 

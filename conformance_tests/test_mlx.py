@@ -1,0 +1,265 @@
+"""MLX (mlx-lm): real generation on the tiny model's HF folder, which mlx-lm loads
+directly, against transformers on the same weights; bf16; speculative decoding;
+BatchGenerator; mlx-lm's own processors and samplers as oracles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+mx = pytest.importorskip("mlx.core")
+mlx_lm = pytest.importorskip("mlx_lm")
+transformers = pytest.importorskip("transformers")
+
+from mlx_lm.generate import batch_generate, generate_step, stream_generate  # noqa: E402
+from mlx_lm.sample_utils import (  # noqa: E402
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_logits_processors,
+)
+
+from anylogits import (  # noqa: E402
+    LogitBias,
+    MinNewTokens,
+    MinP,
+    NoRepeatNGram,
+    Pipeline,
+    RepetitionPenalty,
+    SuppressTokens,
+    TopK,
+    TopP,
+    for_mlx,
+)
+from anylogits.testing.probes import (  # noqa: E402
+    GeneratedHashBias,
+    GeneratedHashBiasRecompute,
+)
+from conformance_tests.reference import hf_greedy  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
+
+COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path) -> tuple[Any, Any]:
+    return mlx_lm.load(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir: Path) -> tuple[Any, Any]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32
+    ).eval()
+    return model, tokenizer
+
+
+def mlx_greedy(
+    model: Any, prompt: list[int], processors: Any = None, n: int = NEW_TOKENS
+) -> list[int]:
+    tokens = []
+    for (token, _), _ in zip(
+        generate_step(mx.array(prompt), model, max_tokens=n, logits_processors=processors),
+        range(n),
+        strict=False,
+    ):
+        tokens.append(int(token))
+    return tokens
+
+
+CASES = {
+    "repetition_penalty": lambda plain: [RepetitionPenalty(1.3)],
+    "no_repeat_ngram": lambda plain: [NoRepeatNGram(2)],
+    "suppress_tokens": lambda plain: [SuppressTokens(sorted(set(plain[:4])))],
+    "logit_bias": lambda plain: [LogitBias({plain[-1]: 4.0})],
+    "stateful_probe": lambda plain: [GeneratedHashBias(12.0)],
+}
+
+
+def test_unprocessed_greedy_tokens_equal_transformers(loaded: Any, hf: Any) -> None:
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(COUNTING)
+    assert mlx_greedy(model, prompt) == hf_greedy(*hf, prompt, n=NEW_TOKENS)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_processors_give_the_same_tokens_as_on_transformers(
+    loaded: Any, hf: Any, case: str
+) -> None:
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(COUNTING)
+    plain = mlx_greedy(model, prompt)
+    ours = mlx_greedy(model, prompt, for_mlx(*CASES[case](plain), tokenizer=tokenizer))
+    assert ours != plain, "the processor did not change mlx-lm's output"
+    assert ours == hf_greedy(*hf, prompt, *CASES[case](plain), n=NEW_TOKENS)
+
+
+def test_min_new_tokens_uses_every_id_mlx_stops_on(loaded: Any) -> None:
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(COUNTING)
+    eos = sorted(tokenizer.eos_token_ids)
+    push = LogitBias({token: 30.0 for token in eos})
+    assert mlx_greedy(model, prompt, for_mlx(push, tokenizer=tokenizer), n=1)[0] in eos
+    held = mlx_greedy(model, prompt, for_mlx(push, MinNewTokens(5), tokenizer=tokenizer), n=6)
+    assert not set(held[:5]) & set(eos) and held[5] in eos
+
+
+def test_bfloat16_logits_are_processed_without_numpy(tiny_model_dir: Path) -> None:
+    model, tokenizer = mlx_lm.load(str(tiny_model_dir))
+    model.set_dtype(mx.bfloat16)
+    prompt = tokenizer.encode(COUNTING)
+    plain = mlx_greedy(model, prompt, n=8)
+    banned = sorted(set(plain[:3]))
+    ours = mlx_greedy(model, prompt, for_mlx(SuppressTokens(banned), tokenizer=tokenizer), n=8)
+    assert ours != plain and not set(ours) & set(banned)
+
+
+def test_stream_generate_and_generate_accept_the_processors(loaded: Any) -> None:
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(COUNTING)
+    plain = mlx_greedy(model, prompt, n=8)
+    banned = sorted(set(plain[:3]))
+    expected = mlx_greedy(model, prompt, for_mlx(SuppressTokens(banned), tokenizer=tokenizer), n=8)
+    responses = list(
+        stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=8,
+            logits_processors=for_mlx(SuppressTokens(banned), tokenizer=tokenizer),
+        )
+    )
+    assert [response.token for response in responses] == expected
+    text = mlx_lm.generate(
+        model,
+        tokenizer,
+        prompt,
+        max_tokens=8,
+        logits_processors=for_mlx(SuppressTokens(banned), tokenizer=tokenizer),
+    )
+    assert text == "".join(response.text for response in responses)
+
+
+@pytest.fixture(scope="module")
+def other_draft() -> Any:
+    """Other weights, same vocabulary: its drafts get rejected, forcing rollbacks."""
+    from anylogits.testing.tiny_model import TinyModelSpec, build_tiny_model
+
+    return mlx_lm.load(str(build_tiny_model(TinyModelSpec(seed=1))))[0]
+
+
+@pytest.mark.parametrize("draft", ["same_weights", "other_weights"])
+def test_speculative_decoding_keeps_stateful_processors_right(
+    loaded: Any, other_draft: Any, draft: str
+) -> None:
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(COUNTING)
+    twin = for_mlx(GeneratedHashBiasRecompute(len(prompt), 12.0), tokenizer=tokenizer)
+    expected = mlx_greedy(model, prompt, twin)
+    probe = GeneratedHashBias(12.0)
+    drafted = list(
+        stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=NEW_TOKENS,
+            draft_model=model if draft == "same_weights" else other_draft,
+            num_draft_tokens=3,
+            logits_processors=for_mlx(probe, tokenizer=tokenizer),
+        )
+    )
+    assert [response.token for response in drafted] == expected
+    assert expected != mlx_greedy(model, prompt)
+    if draft == "other_weights":  # drafts were rejected, so state was rolled back
+        assert not all(response.from_draft for response in drafted[1:])
+    assert probe.advance_calls > 0
+
+
+def test_batch_generator_rows_keep_their_own_state(loaded: Any) -> None:
+    model, tokenizer = loaded
+    prompts = [tokenizer.encode(COUNTING), tokenizer.encode("the cat sat on the mat")]
+    singles = [
+        mlx_greedy(model, prompt, for_mlx(GeneratedHashBias(12.0), tokenizer=tokenizer), n=8)
+        for prompt in prompts
+    ]
+    result = batch_generate(
+        model,
+        tokenizer,
+        prompts,
+        max_tokens=8,
+        return_token_ids=True,
+        logits_processors=for_mlx(GeneratedHashBias(12.0), tokenizer=tokenizer),
+    )
+    assert [list(ids)[:8] for ids in result.token_ids] == singles
+
+
+# -- oracles: mlx-lm's own processors and sampling filters --------------------------------
+
+
+def _logits(seed: int, vocab: int = 2_000) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((1, vocab)) * 3).astype(np.float32)
+
+
+def ours(processor: Any, logits: np.ndarray, history: list[int]) -> np.ndarray:
+    result = Pipeline([processor])(torch.from_numpy(logits.copy()), torch.tensor([history]))
+    return result.numpy()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_repetition_penalty_matches_make_logits_processors(seed: int) -> None:
+    logits = _logits(seed)
+    history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
+    # mlx-lm penalizes the last `repetition_context_size` tokens: cover the whole history.
+    (native,) = make_logits_processors(repetition_penalty=1.3, repetition_context_size=30)
+    expected = np.array(native(mx.array(history), mx.array(logits)))
+    assert not np.array_equal(expected, logits)
+    np.testing.assert_allclose(ours(RepetitionPenalty(1.3), logits, history), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_logit_bias_matches_make_logits_processors(seed: int) -> None:
+    logits = _logits(seed)
+    bias = {3: 2.5, 77: -4.0, 1999: 1.0}
+    (native,) = make_logits_processors(logit_bias=bias)
+    expected = np.array(native(mx.array([1, 2]), mx.array(logits)))
+    np.testing.assert_allclose(ours(LogitBias(bias), logits, [1, 2]), expected, rtol=1e-6)
+
+
+def _kept(masked: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(np.isfinite(masked[0])).tolist())
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
+    logits = _logits(seed)
+    logprobs = mx.array(logits) - mx.logsumexp(mx.array(logits), axis=-1, keepdims=True)
+    expected = _kept(np.array(apply_top_k(logprobs, k)))
+    assert _kept(ours(TopK(k), logits, [0])) == expected and len(expected) == k
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None:
+    logits = _logits(seed)
+    logprobs = mx.array(logits) - mx.logsumexp(mx.array(logits), axis=-1, keepdims=True)
+    expected = _kept(np.array(apply_top_p(logprobs, p)))
+    assert len(expected) < logits.shape[-1]
+    assert _kept(ours(TopP(p), logits, [0])) == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("p", [0.05, 0.2, 0.5])
+def test_min_p_keeps_the_same_tokens_as_apply_min_p(seed: int, p: float) -> None:
+    logits = _logits(seed)
+    logprobs = mx.array(logits) - mx.logsumexp(mx.array(logits), axis=-1, keepdims=True)
+    expected = _kept(np.array(apply_min_p(logprobs, p)))
+    assert len(expected) < logits.shape[-1]
+    assert _kept(ours(MinP(p), logits, [0])) == expected
