@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from anylogits import LogitsProcessor
+from anylogits import LogitBias, LogitsProcessor, NoRepeatNGram, RepetitionPenalty, SuppressTokens
+from anylogits.testing.probes import GeneratedHashBias
+
+# Processors every engine must apply with the same greedy tokens as transformers, built
+# from the engine's unprocessed greedy output (so that each one changes it).
+CROSS_ENGINE_CASES: dict[str, Callable[[list[int]], list[LogitsProcessor]]] = {
+    "repetition_penalty": lambda plain: [RepetitionPenalty(1.3)],
+    "no_repeat_ngram": lambda plain: [NoRepeatNGram(2)],
+    "suppress_tokens": lambda plain: [SuppressTokens(sorted(set(plain[:4])))],
+    "logit_bias": lambda plain: [LogitBias({plain[-1]: 4.0})],
+    "stateful_probe": lambda plain: [GeneratedHashBias(12.0)],
+}
 
 
 def hf_greedy(

@@ -17,8 +17,6 @@ from anylogits import (  # noqa: E402
     LogitBias,
     LogitsProcessor,
     MinNewTokens,
-    NoRepeatNGram,
-    RepetitionPenalty,
     SuppressTokens,
     Vocabulary,
     for_llama_cpp,
@@ -29,7 +27,7 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBiasRecompute,
 )
 from anylogits.testing.tiny_model import build_tiny_gguf  # noqa: E402
-from conformance_tests.reference import hf_greedy  # noqa: E402
+from conformance_tests.reference import CROSS_ENGINE_CASES, hf_greedy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
 
@@ -126,27 +124,19 @@ def test_the_hook_gets_int32_history_and_a_strided_float32_view(llm: Any) -> Non
 
 # -- same weights, same processors, same tokens as transformers -----------------------------
 
-CASES = {
-    "repetition_penalty": lambda vocab_hint: [RepetitionPenalty(1.3)],
-    "no_repeat_ngram": lambda vocab_hint: [NoRepeatNGram(2)],
-    "suppress_tokens": lambda plain: [SuppressTokens(sorted(set(plain[:4])))],
-    "logit_bias": lambda plain: [LogitBias({plain[-1]: 4.0})],
-    "stateful_probe": lambda plain: [GeneratedHashBias(12.0)],
-}
-
 
 def test_unprocessed_greedy_tokens_equal_transformers(llm: Any, hf: Any) -> None:
     prompt = prompt_ids(llm, COUNTING)
     assert llama_generate(llm, prompt) == hf_generate(hf, prompt)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
 def test_processors_give_the_same_tokens_as_on_transformers(llm: Any, hf: Any, case: str) -> None:
     prompt = prompt_ids(llm, COUNTING)
     plain = llama_generate(llm, prompt)
-    ours = llama_generate(llm, prompt, for_llama_cpp(*CASES[case](plain), model=llm))
+    ours = llama_generate(llm, prompt, for_llama_cpp(*CROSS_ENGINE_CASES[case](plain), model=llm))
     assert ours != plain, "the processor did not change llama.cpp's output"
-    assert ours == hf_generate(hf, prompt, *CASES[case](plain))
+    assert ours == hf_generate(hf, prompt, *CROSS_ENGINE_CASES[case](plain))
 
 
 def test_min_new_tokens_holds_against_every_end_of_generation_token(llm: Any) -> None:

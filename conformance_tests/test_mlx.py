@@ -27,7 +27,6 @@ from anylogits import (  # noqa: E402
     LogitBias,
     MinNewTokens,
     MinP,
-    NoRepeatNGram,
     Pipeline,
     RepetitionPenalty,
     SuppressTokens,
@@ -39,7 +38,7 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from conformance_tests.reference import hf_greedy  # noqa: E402
+from conformance_tests.reference import CROSS_ENGINE_CASES, hf_greedy  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
 
@@ -74,31 +73,22 @@ def mlx_greedy(
     return tokens
 
 
-CASES = {
-    "repetition_penalty": lambda plain: [RepetitionPenalty(1.3)],
-    "no_repeat_ngram": lambda plain: [NoRepeatNGram(2)],
-    "suppress_tokens": lambda plain: [SuppressTokens(sorted(set(plain[:4])))],
-    "logit_bias": lambda plain: [LogitBias({plain[-1]: 4.0})],
-    "stateful_probe": lambda plain: [GeneratedHashBias(12.0)],
-}
-
-
 def test_unprocessed_greedy_tokens_equal_transformers(loaded: Any, hf: Any) -> None:
     model, tokenizer = loaded
     prompt = tokenizer.encode(COUNTING)
     assert mlx_greedy(model, prompt) == hf_greedy(*hf, prompt, n=NEW_TOKENS)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
 def test_processors_give_the_same_tokens_as_on_transformers(
     loaded: Any, hf: Any, case: str
 ) -> None:
     model, tokenizer = loaded
     prompt = tokenizer.encode(COUNTING)
     plain = mlx_greedy(model, prompt)
-    ours = mlx_greedy(model, prompt, for_mlx(*CASES[case](plain), tokenizer=tokenizer))
+    ours = mlx_greedy(model, prompt, for_mlx(*CROSS_ENGINE_CASES[case](plain), tokenizer=tokenizer))
     assert ours != plain, "the processor did not change mlx-lm's output"
-    assert ours == hf_greedy(*hf, prompt, *CASES[case](plain), n=NEW_TOKENS)
+    assert ours == hf_greedy(*hf, prompt, *CROSS_ENGINE_CASES[case](plain), n=NEW_TOKENS)
 
 
 def test_min_new_tokens_uses_every_id_mlx_stops_on(loaded: Any) -> None:
@@ -232,6 +222,11 @@ def test_logit_bias_matches_make_logits_processors(seed: int) -> None:
     np.testing.assert_allclose(ours(LogitBias(bias), logits, [1, 2]), expected, rtol=1e-6)
 
 
+def _logprobs(logits: np.ndarray) -> Any:
+    native = mx.array(logits)
+    return native - mx.logsumexp(native, axis=-1, keepdims=True)
+
+
 def _kept(masked: np.ndarray) -> set[int]:
     return set(np.flatnonzero(np.isfinite(masked[0])).tolist())
 
@@ -240,7 +235,7 @@ def _kept(masked: np.ndarray) -> set[int]:
 @pytest.mark.parametrize("k", [1, 5, 50])
 def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
     logits = _logits(seed)
-    logprobs = mx.array(logits) - mx.logsumexp(mx.array(logits), axis=-1, keepdims=True)
+    logprobs = _logprobs(logits)
     expected = _kept(np.array(apply_top_k(logprobs, k)))
     assert _kept(ours(TopK(k), logits, [0])) == expected and len(expected) == k
 
@@ -249,7 +244,7 @@ def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None:
     logits = _logits(seed)
-    logprobs = mx.array(logits) - mx.logsumexp(mx.array(logits), axis=-1, keepdims=True)
+    logprobs = _logprobs(logits)
     expected = _kept(np.array(apply_top_p(logprobs, p)))
     assert len(expected) < logits.shape[-1]
     assert _kept(ours(TopP(p), logits, [0])) == expected
@@ -259,7 +254,7 @@ def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None
 @pytest.mark.parametrize("p", [0.05, 0.2, 0.5])
 def test_min_p_keeps_the_same_tokens_as_apply_min_p(seed: int, p: float) -> None:
     logits = _logits(seed)
-    logprobs = mx.array(logits) - mx.logsumexp(mx.array(logits), axis=-1, keepdims=True)
+    logprobs = _logprobs(logits)
     expected = _kept(np.array(apply_min_p(logprobs, p)))
     assert len(expected) < logits.shape[-1]
     assert _kept(ours(MinP(p), logits, [0])) == expected
