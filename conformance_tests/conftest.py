@@ -56,3 +56,16 @@ def tiny_model_dir() -> Path:
     from anylogits.testing.tiny_model import build_tiny_model
 
     return build_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_model_dir: Path) -> tuple[object, object]:
+    """transformers' model and tokenizer for the tiny model, float32: the reference."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32
+    ).eval()
+    return model, tokenizer

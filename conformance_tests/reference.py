@@ -10,6 +10,9 @@ import torch
 from anylogits import LogitBias, LogitsProcessor, NoRepeatNGram, RepetitionPenalty, SuppressTokens
 from anylogits.testing.probes import GeneratedHashBias
 
+COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # a prompt where penalties change greedy output
+NEW_TOKENS = 16
+
 # Processors every engine must apply with the same greedy tokens as transformers, built
 # from the engine's unprocessed greedy output (so that each one changes it).
 CROSS_ENGINE_CASES: dict[str, Callable[[list[int]], list[LogitsProcessor]]] = {

@@ -27,12 +27,14 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBiasRecompute,
 )
 from anylogits.testing.tiny_model import build_tiny_gguf  # noqa: E402
-from conformance_tests.reference import CROSS_ENGINE_CASES, hf_greedy  # noqa: E402
+from conformance_tests.reference import (  # noqa: E402
+    COUNTING,
+    CROSS_ENGINE_CASES,
+    NEW_TOKENS,
+    hf_greedy,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
-
-COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"
-NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +56,8 @@ def llm(gguf_path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def hf(tiny_model_dir: Path) -> tuple[Any, Any]:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32
-    ).eval()
-    return model, tokenizer
+def hf(hf_reference: tuple[Any, Any]) -> tuple[Any, Any]:
+    return hf_reference
 
 
 def prompt_ids(llm: Any, text: str) -> list[int]:

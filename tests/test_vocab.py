@@ -54,3 +54,15 @@ def test_padded_logits_are_accepted_and_narrow_ones_rejected() -> None:
     assert padded[0, 50256] == float("-inf") and padded[0, 50257:].eq(0).all()
     with pytest.raises(ValueError, match="logits width 50000 is smaller than the vocabulary"):
         Pipeline([SuppressTokens([1])], vocab)(torch.zeros(1, 50000))
+
+
+def test_hf_vocabulary_is_cached_per_tokenizer_until_it_changes() -> None:
+    from anylogits.core.vocab import hf_vocabulary
+
+    tokenizer = build_tokenizer("gpt-2")
+    first = hf_vocabulary(tokenizer)
+    assert hf_vocabulary(tokenizer) is first
+    assert hf_vocabulary(tokenizer, eos_token_ids=[1]).eos_token_ids == {1}
+    tokenizer.add_tokens(["<brand-new-token>"])
+    grown = hf_vocabulary(tokenizer)
+    assert grown is not first and grown.size == first.size + 1

@@ -14,7 +14,6 @@ back. numpy is never on the way, since it has no bfloat16.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import mlx.core as mx
@@ -22,7 +21,7 @@ import torch
 
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
-from anylogits.core.vocab import Vocabulary
+from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
 
 class MlxLogitsProcessor:
@@ -77,15 +76,7 @@ def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[Mlx
     return [MlxLogitsProcessor(Pipeline(processors, _vocabulary_of(tokenizer)))]
 
 
-_VOCABULARIES: weakref.WeakKeyDictionary[Any, Vocabulary] = weakref.WeakKeyDictionary()
-
-
 def _vocabulary_of(tokenizer: Any) -> Vocabulary:
-    cached = _VOCABULARIES.get(tokenizer)
-    if cached is not None:
-        return cached
+    # mlx-lm's TokenizerWrapper holds the HF tokenizer; it stops on every eos_token_ids.
     hf_tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
-    eos = getattr(tokenizer, "eos_token_ids", None)
-    vocab = Vocabulary.from_hf_tokenizer(hf_tokenizer, eos_token_ids=eos)
-    _VOCABULARIES[tokenizer] = vocab
-    return vocab
+    return hf_vocabulary(hf_tokenizer, eos_token_ids=getattr(tokenizer, "eos_token_ids", None))

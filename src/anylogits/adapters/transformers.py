@@ -9,7 +9,6 @@ prefix tracker handles both, so this adapter only converts and wires in.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from transformers import LogitsProcessor as _HFLogitsProcessor
 
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
-from anylogits.core.vocab import Vocabulary
+from anylogits.core.vocab import hf_vocabulary
 
 
 class TransformersLogitsProcessor(_HFLogitsProcessor):
@@ -62,18 +61,5 @@ def for_transformers(
     """
     if not processors:
         raise ValueError("for_transformers needs at least one processor")
-    vocab = _vocabulary_of(tokenizer) if tokenizer is not None else None
+    vocab = hf_vocabulary(tokenizer) if tokenizer is not None else None
     return TransformersLogitsProcessor(Pipeline(processors, vocab))
-
-
-# Reading a 128k vocabulary takes ~0.7 s; a hook is often built per generate() call.
-_VOCABULARIES: weakref.WeakKeyDictionary[Any, tuple[int, Vocabulary]] = weakref.WeakKeyDictionary()
-
-
-def _vocabulary_of(tokenizer: Any) -> Vocabulary:
-    cached = _VOCABULARIES.get(tokenizer)
-    if cached is not None and cached[0] == len(tokenizer):
-        return cached[1]
-    vocab = Vocabulary.from_hf_tokenizer(tokenizer)
-    _VOCABULARIES[tokenizer] = (len(tokenizer), vocab)
-    return vocab

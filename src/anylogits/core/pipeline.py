@@ -94,15 +94,14 @@ class Pipeline:
     def _batch(
         self, size: int, token_ids: TokenSource | None, lengths: torch.Tensor | None
     ) -> Batch:
-        batch = Batch(size, token_ids, lengths=lengths, vocab=self.vocab)
         if self.tracker is None:
-            return batch
+            return Batch(size, token_ids, lengths=lengths, vocab=self.vocab)
         if token_ids is None:
             raise ValueError(
                 "these processors track sequences, so the token history (prompt + "
                 "generated ids) must be passed"
             )
-        ids = batch.token_ids
+        ids = token_ids() if callable(token_ids) else token_ids
         if ids.shape[0] != size:
             raise ValueError(f"token_ids has {ids.shape[0]} rows but logits have {size}")
         nodes = self.tracker.locate(ids, lengths)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -100,6 +101,25 @@ class Vocabulary:
             special_token_ids=frozenset(special_ids),
             bos_token_id=bos,
         )
+
+
+# Reading a 128k vocabulary takes ~0.7 s and a hook is often built per generate() call;
+# the tokenizer's length is part of the key, so adding tokens invalidates the entry.
+_HF_VOCABULARIES: weakref.WeakKeyDictionary[Any, tuple[Any, Vocabulary]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def hf_vocabulary(tokenizer: Any, *, eos_token_ids: Iterable[int] | None = None) -> Vocabulary:
+    """``Vocabulary.from_hf_tokenizer``, cached per tokenizer object."""
+    eos = None if eos_token_ids is None else tuple(sorted(eos_token_ids))
+    key = (len(tokenizer), eos)
+    cached = _HF_VOCABULARIES.get(tokenizer)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    vocab = Vocabulary.from_hf_tokenizer(tokenizer, eos_token_ids=eos)
+    _HF_VOCABULARIES[tokenizer] = (key, vocab)
+    return vocab
 
 
 def _piece_decoder(tokenizer: Any) -> Any:
