@@ -18,6 +18,7 @@ from anylogits.core import (
     from_spec,
     to_specs,
 )
+from anylogits.core.requests import vllm_xargs
 from anylogits.processors import (
     LogitBias,
     MinNewTokens,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from anylogits.adapters.llama_cpp import for_llama_cpp
     from anylogits.adapters.mlx import for_mlx
     from anylogits.adapters.transformers import for_transformers
+    from anylogits.adapters.vllm import for_vllm, vllm_processor_class
 
 __version__ = "0.1.0.dev0"
 
@@ -43,6 +45,8 @@ _LAZY_FACTORIES = {
     "for_llama_cpp": "anylogits.adapters.llama_cpp",
     "for_mlx": "anylogits.adapters.mlx",
     "for_transformers": "anylogits.adapters.transformers",
+    "for_vllm": "anylogits.adapters.vllm",
+    "vllm_processor_class": "anylogits.adapters.vllm",
 }
 
 
@@ -75,6 +79,9 @@ __all__ = [
     "for_llama_cpp",
     "for_mlx",
     "for_transformers",
+    "for_vllm",
     "from_spec",
     "to_specs",
+    "vllm_processor_class",
+    "vllm_xargs",
 ]

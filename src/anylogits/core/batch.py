@@ -25,7 +25,8 @@ class Batch:
     Args:
         size: number of rows ``B``.
         token_ids: the ``(B, L)`` int64 history, or a function that builds it on demand.
-        lengths: ``(B,)`` number of real tokens per row; ``None`` means every row is full.
+        lengths: ``(B,)`` number of real tokens per row (or a function building it, called
+            with the history); ``None`` means every row is full.
         prompt_lengths: ``(B,)`` prompt length per row, known when sequences are tracked.
         states: for each stateful processor, its states in row order.
         vocab: the bound vocabulary, if any.
@@ -36,7 +37,7 @@ class Batch:
         size: int,
         token_ids: TokenSource | None = None,
         *,
-        lengths: torch.Tensor | None = None,
+        lengths: TokenSource | None = None,
         prompt_lengths: torch.Tensor | None = None,
         states: dict[int, Sequence[Any]] | None = None,
         vocab: Vocabulary | None = None,
@@ -64,6 +65,8 @@ class Batch:
     @property
     def lengths(self) -> torch.Tensor:
         """``(B,)`` number of real tokens in each row."""
+        if callable(self._lengths):
+            self._lengths = self._lengths()
         if self._lengths is None:
             ids = self.token_ids
             self._lengths = torch.full((ids.shape[0],), ids.shape[1], device=ids.device)

@@ -85,11 +85,23 @@ class Pipeline:
                 building it (called only if a processor or the tracker needs it).
             lengths: ``(B,)`` real tokens per row, when rows are shorter than ``L``.
         """
-        self._check_logits(logits)
-        batch = self._batch(logits.shape[0], token_ids, lengths)
+        self.check_logits(logits)
+        return self.apply(logits, self._batch(logits.shape[0], token_ids, lengths))
+
+    def apply(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Run the processors on ``logits`` for rows an adapter already described.
+
+        For engines that know which sequence each row is (vLLM): they build the
+        :class:`Batch`, states included, instead of letting the tracker infer it.
+        """
         for processor in self.processors:
             logits = processor.process(logits, batch)
         return logits
+
+    @property
+    def stateful(self) -> tuple[StatefulLogitsProcessor[Any], ...]:
+        """The processors that carry a per-sequence state, in order."""
+        return self._stateful
 
     def _batch(
         self, size: int, token_ids: TokenSource | None, lengths: torch.Tensor | None
@@ -119,7 +131,8 @@ class Pipeline:
             vocab=self.vocab,
         )
 
-    def _check_logits(self, logits: torch.Tensor) -> None:
+    def check_logits(self, logits: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``logits`` are ``(B, V)`` floats this vocabulary fits."""
         if logits.ndim != 2:
             raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
         if logits.dtype not in _FLOAT_DTYPES:

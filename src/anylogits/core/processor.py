@@ -29,10 +29,13 @@ class LogitsProcessor:
         spec_name: the ``"type"`` of this processor in a spec dict; registers the class.
         needs_sequences: ``True`` when :meth:`process` reads prompt lengths or generated
             tokens, so the pipeline must track which sequence each row belongs to.
+        argmax_invariant: ``True`` when the highest logit of a row always stays the
+            highest (truncation and temperature), so greedy decoding may skip it.
     """
 
     spec_name: ClassVar[str | None] = None
     needs_sequences: ClassVar[bool] = False
+    argmax_invariant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -40,6 +40,25 @@ class SequenceNode:
     last_seen: int = 0
 
 
+def root_node(
+    processors: Sequence[StatefulLogitsProcessor[Any]], prompt_ids: torch.Tensor
+) -> SequenceNode:
+    """The node of a new sequence whose prompt is the 1-D ``prompt_ids``."""
+    length = prompt_ids.shape[0]
+    return SequenceNode(length, length, tuple(p.init_state(prompt_ids) for p in processors))
+
+
+def child_node(
+    processors: Sequence[StatefulLogitsProcessor[Any]], parent: SequenceNode, token_id: int
+) -> SequenceNode:
+    """The node after ``token_id`` is appended to ``parent``; ``parent`` is left intact."""
+    states = tuple(
+        processor.advance(processor.fork(state) if processor.mutable_state else state, token_id)
+        for processor, state in zip(processors, parent.states, strict=True)
+    )
+    return SequenceNode(parent.length + 1, parent.prompt_length, states)
+
+
 class SequenceTracker:
     """Find, for each row, the sequence state its token prefix implies.
 
@@ -204,11 +223,7 @@ class SequenceTracker:
         self._last_nodes = nodes
 
     def _child(self, parent: SequenceNode, token_id: int) -> SequenceNode:
-        states = tuple(
-            processor.advance(processor.fork(state) if processor.mutable_state else state, token_id)
-            for processor, state in zip(self.processors, parent.states, strict=True)
-        )
-        return SequenceNode(parent.length + 1, parent.prompt_length, states)
+        return child_node(self.processors, parent, token_id)
 
     def _from_longest_known_prefix(
         self, row_ids: torch.Tensor, row_weights: torch.Tensor
@@ -226,9 +241,7 @@ class SequenceTracker:
                 self._touch(key, start)
                 break
         if start is None:
-            prompt = row_ids
-            states = tuple(processor.init_state(prompt) for processor in self.processors)
-            return SequenceNode(length, length, states)
+            return root_node(self.processors, row_ids)
         node = start
         tokens = row_ids[start.length :].tolist()
         for offset, token_id in enumerate(tokens[:-1]):

@@ -37,6 +37,7 @@ class Temperature(LogitsProcessor):
     """
 
     spec_name = "temperature"
+    argmax_invariant = True
 
     def __init__(self, temperature: float) -> None:
         self.temperature = positive_float("temperature", temperature)
@@ -65,6 +66,7 @@ class TopK(LogitsProcessor):
     """
 
     spec_name = "top_k"
+    argmax_invariant = True
 
     def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
         self.top_k = int_at_least("top_k", top_k, 1)
@@ -106,6 +108,7 @@ class TopP(LogitsProcessor):
     """
 
     spec_name = "top_p"
+    argmax_invariant = True
     first_chunk = 64
 
     def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
@@ -159,6 +162,7 @@ class MinP(LogitsProcessor):
     """
 
     spec_name = "min_p"
+    argmax_invariant = True
 
     def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
         self.min_p = probability("min_p", min_p, allow_zero=True)

@@ -123,8 +123,125 @@ class MlxBackend:
         return torch.from_dlpack(self.invoke(hook, self.native_arguments(token_ids, logits)))
 
 
+class _VllmHook:
+    """A vLLM processor instance, the specs every row's request carries, and which
+    request sits in which slot (so that successive calls become engine bookkeeping)."""
+
+    def __init__(self, processor: Any, specs: list[dict[str, Any]]) -> None:
+        self.processor = processor
+        self.specs = specs
+        self.slots: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (prompt, output)
+        self.known: dict[tuple[int, ...], int] = {}  # every sequence seen -> prompt length
+
+    def params(self) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(extra_args={"anylogits": self.specs})
+
+    def request_for(self, row: list[int]) -> tuple[list[int], list[int]]:
+        """A new request for ``row``: resumed (prompt + outputs so far, as vLLM re-adds a
+        preempted request) when it continues a known sequence, else all prompt."""
+        for length in range(len(row) - 1, 0, -1):
+            prompt_length = self.known.get(tuple(row[:length]))
+            if prompt_length is not None:
+                return row[:prompt_length], row[prompt_length:]
+        return row, []
+
+    def remember(self) -> None:
+        for prompt, output in self.slots.values():
+            self.known[tuple(prompt + output)] = len(prompt)
+
+    def claim_parents(self, rows: list[list[int]]) -> list[int | None]:
+        """For each row, the slot whose sequence it extends by one token (each slot once)."""
+        free = {tuple(p + o): s for s, (p, o) in self.slots.items()}
+        parents: list[int | None] = []
+        for row in rows:
+            parents.append(free.pop(tuple(row[:-1]), None))
+        return parents
+
+
+class VllmBackend:
+    """vLLM's V1 model runner: a persistent batch whose row ``i`` is slot ``i``. Before
+    each step the engine reports requests removed, added (with their live output-id
+    list) and moved through a ``BatchUpdate``, then calls ``apply(logits (B, V))`` with
+    float32 logits it lets processors edit in place.
+
+    Successive calls of the conformance suite become engine bookkeeping: a row that
+    extends a known request by one token appends to its output list (moving it to the
+    row's slot, by swaps and one-way moves that overwrite unreported slots), any other
+    row is a new request whose prompt is the whole row.
+    """
+
+    name = "vllm"
+    module = "vllm"
+    preserves_logits = False
+    max_batch = None
+    dtypes = (torch.float32,)  # both runners cast logits to float32 before processors
+
+    def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
+        from vllm.config import VllmConfig
+
+        from anylogits.adapters.vllm import AnyLogitsV1
+        from anylogits.core.specs import to_specs
+
+        return _VllmHook(AnyLogitsV1(VllmConfig(), torch.device("cpu"), False), to_specs(processors))
+
+    def batch_update(self, hook: _VllmHook, token_ids: torch.Tensor) -> Any:
+        """The ``BatchUpdate`` that turns the previous call's batch into ``token_ids``."""
+        from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+        rows = token_ids.tolist()
+        size = len(rows)
+        parents = hook.claim_parents(rows)
+        kept = {slot for slot in parents if slot is not None}
+        for row, slot in zip(rows, parents, strict=True):
+            if slot is not None:
+                hook.slots[slot][1].append(row[-1])  # the engine's live output list
+        # Slots a one-way move will overwrite need not be reported removed.
+        removed = [s for s in hook.slots if s not in kept and s >= size]
+        for slot in removed:
+            del hook.slots[slot]
+        added = []
+        where: dict[int, int] = {}  # target row -> current slot of its request
+        spare = max([size, *hook.slots]) + 1
+        for row_index, (row, slot) in enumerate(zip(rows, parents, strict=True)):
+            if slot is None:
+                slot, spare = spare, spare + 1
+                hook.slots[slot] = hook.request_for(row)
+                added.append((slot, hook.params(), *hook.slots[slot]))
+            where[row_index] = slot
+        occupant = {slot: target for target, slot in where.items()}
+        moved = []
+        for target in range(size):
+            current = where[target]
+            if current == target:
+                continue
+            displaced = occupant.get(target)
+            if displaced is None:
+                moved.append((current, target, MoveDirectionality.UNIDIRECTIONAL))
+                hook.slots[target] = hook.slots.pop(current)
+                occupant.pop(current)
+            else:
+                moved.append((current, target, MoveDirectionality.SWAP))
+                hook.slots[target], hook.slots[current] = hook.slots[current], hook.slots[target]
+                where[displaced] = current
+                occupant[current] = displaced
+            occupant[target] = target
+            where[target] = target
+        hook.remember()
+        return BatchUpdate(batch_size=size, removed=removed, added=added, moved=moved)
+
+    def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
+        raise NotImplementedError("vLLM hooks are stateful: use call()")
+
+    def call(self, hook: _VllmHook, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        hook.processor.update_state(self.batch_update(hook, token_ids))
+        return hook.processor.apply(logits)
+
+
 BACKENDS: dict[str, Any] = {
-    backend.name: backend for backend in (TransformersBackend(), LlamaCppBackend(), MlxBackend())
+    backend.name: backend
+    for backend in (TransformersBackend(), LlamaCppBackend(), MlxBackend(), VllmBackend())
 }
 
 

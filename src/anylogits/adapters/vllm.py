@@ -1,0 +1,282 @@
+"""vLLM adapter: one batch-level processor class per model runner, specs per request.
+
+vLLM builds logits processors itself, from classes registered when the engine starts
+(``LLM(model, logits_processors=[AnyLogits])`` or ``--logits-processors
+anylogits.adapters.vllm:AnyLogits`` for the server), never through the
+``vllm.logits_processors`` entry point: a V1-interface class found there breaks every
+engine that runs the V2 model runner. Each request names its processors as specs in
+``SamplingParams.extra_args["anylogits"]`` (:func:`for_vllm`) or, over the
+OpenAI-compatible server, ``extra_body={"vllm_xargs": anylogits.vllm_xargs(...)}``.
+
+- :class:`AnyLogitsV1`: the V1 model runner (CPU, and CUDA with
+  ``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM refuses custom processors there when
+  speculative decoding is on.
+- :class:`AnyLogitsV2`: the V2 model runner (the CUDA default). Rows are not requests
+  (speculative decoding gives a request one row per draft position), so rows are mapped
+  to requests through ``LogitsContext.expanded_idx_mapping``.
+- :class:`AnyLogits`: both at once, for when the runner is vLLM's choice.
+
+The processing itself lives in :class:`anylogits.core.requests.RequestBatch`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+
+from anylogits.core.pipeline import Pipeline
+from anylogits.core.requests import SPEC_KEY, RequestBatch, request_specs
+from anylogits.core.specs import from_spec, to_specs
+from anylogits.core.vocab import Vocabulary, hf_vocabulary
+
+try:  # the V2 runner's interface (vLLM >= 0.32)
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
+except ImportError:  # pragma: no cover - older vLLM
+    V2LogitsProcessor = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+SPECULATIVE_DECODING_V1 = (
+    "vLLM's V1 model runner does not run custom logits processors when speculative "
+    "decoding is on; use the V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1, CUDA) or "
+    "turn speculative decoding off"
+)
+
+
+def engine_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
+    """The vocabulary of the engine's tokenizer (``None`` with ``skip_tokenizer_init``)."""
+    model_config = vllm_config.model_config
+    if model_config is None or model_config.skip_tokenizer_init:
+        return None
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    tokenizer = cached_tokenizer_from_config(model_config)
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    # vLLM also stops on the generation config's EOS ids (Llama 3 has several).
+    generation_eos = model_config.try_get_generation_config().get("eos_token_id")
+    if isinstance(generation_eos, int):
+        eos.add(generation_eos)
+    elif generation_eos:
+        eos.update(generation_eos)
+    return hf_vocabulary(tokenizer, eos_token_ids=sorted(eos))
+
+
+def _validate(sampling_params: SamplingParams) -> None:
+    request_specs(sampling_params.extra_args)
+
+
+class AnyLogitsV1(V1LogitsProcessor):
+    """Every request's anylogits processors, for vLLM's V1 model runner.
+
+    Register the class (``LLM(model, logits_processors=[AnyLogitsV1])``); vLLM builds one
+    instance per engine and tells it about requests through ``BatchUpdate``. Requests
+    carry their specs in ``extra_args["anylogits"]`` (see :func:`for_vllm`).
+    """
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        _validate(sampling_params)
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
+        self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
+
+    def is_argmax_invariant(self) -> bool:
+        # Requests may carry biases and penalties, which move the argmax.
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        requests = self.requests
+        for index in batch_update.removed:
+            requests.remove(index)
+        for index, params, prompt_ids, output_ids in batch_update.added:
+            requests.add(
+                index, params.extra_args, prompt_ids=prompt_ids or [], output_ids=output_ids
+            )
+        for source, target, direction in batch_update.moved:
+            if direction == MoveDirectionality.SWAP:
+                requests.swap(source, target)
+            else:
+                requests.move(source, target)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.requests.process(logits)
+
+
+class AnyLogitsV1ArgmaxInvariant(AnyLogitsV1):
+    """:class:`AnyLogitsV1` restricted to processors that never change the argmax.
+
+    vLLM skips such processors when every request of a step is greedy and runs them after
+    its own temperature, like its built-in min-p. Requests that name any other processor
+    are rejected.
+    """
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        specs = request_specs(sampling_params.extra_args) or []
+        for index, processor in enumerate(from_spec(spec) for spec in specs):
+            if not processor.argmax_invariant:
+                raise ValueError(
+                    f"extra_args[{SPEC_KEY!r}][{index}] is {type(processor).__name__}, which "
+                    f"can change the argmax; {cls.__name__} only runs processors that cannot "
+                    "(register AnyLogitsV1 for the others)"
+                )
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+
+if V2LogitsProcessor is not None:
+
+    class AnyLogitsV2(V2LogitsProcessor):
+        """Every request's anylogits processors, for vLLM's V2 model runner.
+
+        Requests live in slots; a slot's committed tokens are read from the runner's
+        ``all_token_ids`` only when a processor needs them, and rows of draft positions
+        see the committed sequence plus their draft tokens (states advance through the
+        drafts without being committed, so rejected drafts cost nothing to undo).
+        """
+
+        @classmethod
+        def validate_params(cls, sampling_params: SamplingParams) -> None:
+            _validate(sampling_params)
+
+        def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
+            self.req_states = req_states
+            self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
+
+        def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+            prompt_length = int(self.req_states.prompt_len.np[req_idx])
+            return self.requests.add(
+                req_idx, sampling_params.extra_args, prompt_length=prompt_length
+            )
+
+        def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+            requests = self.requests
+            slots = ctx.idx_mapping_np.tolist()
+            if not any(slot in requests for slot in slots):
+                return logits
+            drafts = None
+            if logits.shape[0] != len(slots):
+                # Speculative decoding: a request owns one row per draft position; the
+                # row at offset p scores the token after its first p draft tokens.
+                slots = ctx.expanded_idx_mapping.tolist()
+                offsets = ctx.expanded_local_pos.tolist()
+                inputs = ctx.input_ids.tolist()
+                drafts = [inputs[row - p + 1 : row + 1] for row, p in enumerate(offsets)]
+            return requests.process(logits, slots, drafts=drafts, committed=self._committed)
+
+        def _committed(self, slots: list[int], starts: list[int]) -> list[list[int]]:
+            states = self.req_states
+            index = torch.tensor(slots, device=states.total_len.gpu.device)
+            ends = states.total_len.gpu[index].tolist()
+            width = max(end - start for start, end in zip(starts, ends, strict=True))
+            if width <= 0:
+                return [[] for _ in slots]
+            tokens = states.all_token_ids.gpu
+            columns = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(
+                width, device=tokens.device
+            )
+            rows = tokens[index].gather(1, columns.clamp(max=tokens.shape[1] - 1)).tolist()
+            return [
+                row[: max(end - start, 0)]
+                for row, start, end in zip(rows, starts, ends, strict=True)
+            ]
+
+    class AnyLogits(AnyLogitsV1, AnyLogitsV2):
+        """Works under either model runner: register this one when vLLM picks the runner.
+
+        vLLM constructs it with the V1 runner's ``(vllm_config, device, is_pin_memory)``
+        or the V2 runner's ``(vllm_config, req_states)`` and calls the matching methods.
+        """
+
+        def __init__(self, vllm_config: VllmConfig, *runner_args: Any) -> None:
+            if len(runner_args) == 2:
+                AnyLogitsV1.__init__(self, vllm_config, *runner_args)
+            else:
+                AnyLogitsV2.__init__(self, vllm_config, *runner_args)
+
+        def apply(self, logits: torch.Tensor, ctx: LogitsContext | None = None) -> torch.Tensor:
+            if ctx is None:
+                return AnyLogitsV1.apply(self, logits)
+            return AnyLogitsV2.apply(self, logits, ctx)
+
+else:  # pragma: no cover - older vLLM
+    AnyLogitsV2 = None  # type: ignore[assignment,misc]
+    AnyLogits = AnyLogitsV1  # type: ignore[assignment,misc]
+
+
+def uses_v2_model_runner(vllm_config: VllmConfig | None = None) -> bool:
+    """Whether an engine will run the V2 model runner.
+
+    Exact with the engine's ``vllm_config``; otherwise follows vLLM's rule without the
+    model: ``VLLM_USE_V2_MODEL_RUNNER`` when set, else V2 where Triton runs (CUDA).
+    """
+    if vllm_config is not None:
+        return bool(vllm_config.use_v2_model_runner)
+    setting = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if setting is not None:
+        return setting.strip().lower() in ("1", "true")
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON) and torch.cuda.is_available()
+
+
+def vllm_processor_class(
+    vllm_config: VllmConfig | None = None,
+    *,
+    speculative: bool | None = None,
+    argmax_invariant: bool = False,
+) -> type:
+    """The processor class to register for the engine's model runner.
+
+    Args:
+        vllm_config: the engine's config, for an exact runner choice (see
+            :func:`uses_v2_model_runner`).
+        speculative: whether speculative decoding will be on (read from ``vllm_config``
+            when not given).
+        argmax_invariant: the V1 class that only accepts processors which never change
+            the argmax (vLLM then skips it for all-greedy batches).
+
+    Raises ``ValueError`` when the V1 runner would run with speculative decoding, which
+    vLLM refuses for custom processors.
+    """
+    if speculative is None:
+        speculative = vllm_config is not None and vllm_config.speculative_config is not None
+    if uses_v2_model_runner(vllm_config):
+        if AnyLogitsV2 is None:  # pragma: no cover - older vLLM
+            raise ValueError("this vLLM has no V2 model runner logits-processor interface")
+        return AnyLogitsV2
+    if speculative:
+        raise ValueError(SPECULATIVE_DECODING_V1)
+    return AnyLogitsV1ArgmaxInvariant if argmax_invariant else AnyLogitsV1
+
+
+def for_vllm(*processors: Any, **sampling_kwargs: Any) -> SamplingParams:
+    """``vllm.SamplingParams`` whose request runs ``processors`` (register :class:`AnyLogits`).
+
+    Args:
+        processors: anylogits processors (or pipelines), applied in order.
+        sampling_kwargs: any other ``SamplingParams`` argument (``max_tokens``,
+            ``temperature``, ``extra_args`` ...).
+
+    The specs are checked to be plain JSON here, before they reach the engine (a non-JSON
+    value in ``extra_args`` hangs vLLM's engine).
+    """
+    extra_args = dict(sampling_kwargs.pop("extra_args", None) or {})
+    if SPEC_KEY in extra_args:
+        raise ValueError(
+            f"extra_args already has an {SPEC_KEY!r} entry; pass the processors to for_vllm instead"
+        )
+    specs = to_specs(list(Pipeline(processors).processors))
+    extra_args[SPEC_KEY] = specs
+    request_specs(extra_args)
+    return SamplingParams(**sampling_kwargs, extra_args=extra_args)

@@ -1,0 +1,482 @@
+"""Per-request pipelines for engines that batch many requests and name each row's request.
+
+vLLM keeps a persistent batch: every request sits in a slot, carries its own processor
+specs, and the engine says when requests arrive, leave or move between slots. Rows
+therefore have identities, and no token-prefix hashing is needed: each request keeps its
+own token buffer and its committed processor states, extended as tokens arrive.
+
+Rows whose requests share the same specs form one group and are processed by one
+pipeline call; rows without specs are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.pipeline import Pipeline
+from anylogits.core.specs import check_json_value, from_spec, to_specs
+from anylogits.core.tracker import SequenceNode, child_node, root_node
+from anylogits.core.vocab import Vocabulary
+
+logger = logging.getLogger(__name__)
+
+SPEC_KEY = "anylogits"
+"""The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
+
+# Reads committed tokens the engine holds: (slots, start offsets) -> tokens from each
+# start to the end of the committed sequence, one list per slot.
+CommittedReader = Callable[[list[int], list[int]], list[list[int]]]
+
+
+def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The validated specs of one request's ``extra_args``, or ``None`` when it has none.
+
+    The value under :data:`SPEC_KEY` is a list of spec dicts, one spec dict, or their JSON
+    text (what :func:`vllm_xargs` sends through the OpenAI-compatible server).
+
+    Raises ``ValueError`` naming the bad field, e.g. ``extra_args['anylogits'][1]``.
+    """
+    if not extra_args or SPEC_KEY not in extra_args:
+        return None
+    specs = extra_args[SPEC_KEY]
+    where = f"extra_args[{SPEC_KEY!r}]"
+    if isinstance(specs, str):
+        # The OpenAI server's vllm_xargs only carry strings, numbers and flat lists.
+        try:
+            specs = json.loads(specs)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where} is a string but not valid JSON: {error}") from None
+    if isinstance(specs, dict):
+        specs = [specs]
+    if not isinstance(specs, list):
+        raise ValueError(
+            f"{where} must be a list of processor specs (dicts with a 'type' field), got "
+            f"{type(specs).__name__}; build it with anylogits.to_specs(...)"
+        )
+    check_json_value(specs, where)
+    for index, spec in enumerate(specs):
+        try:
+            from_spec(spec)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{where}[{index}]: {error}") from None
+    return specs or None
+
+
+def vllm_xargs(*processors: Any) -> dict[str, str]:
+    """The ``vllm_xargs`` payload that asks a vLLM server to run ``processors``.
+
+    Needs no vLLM: clients send it as ``extra_body={"vllm_xargs": vllm_xargs(...)}``. The
+    server only carries flat values, so the specs travel as one JSON string.
+
+    Example:
+        >>> from anylogits import TopK
+        >>> vllm_xargs(TopK(5))
+        {'anylogits': '[{"type":"top_k","top_k":5,"min_tokens_to_keep":1}]'}
+    """
+    specs = to_specs(list(Pipeline(processors).processors))
+    text = json.dumps(specs, separators=(",", ":"))
+    request_specs({SPEC_KEY: text})
+    return {SPEC_KEY: text}
+
+
+class _Group:
+    """The pipeline shared by every request with the same specs."""
+
+    __slots__ = ("error", "key", "pipeline")
+
+    def __init__(self, key: str, pipeline: Pipeline | None, error: str | None) -> None:
+        self.key = key
+        self.pipeline = pipeline
+        self.error = error
+
+
+class _Request:
+    """One request: its token buffer (prompt + committed output) and committed states."""
+
+    __slots__ = ("group", "length", "node", "output", "prompt_length", "synced_output", "tokens")
+
+    def __init__(
+        self,
+        group: _Group,
+        prompt_ids: Sequence[int] | None,
+        prompt_length: int,
+        output: Sequence[int] | None,
+    ) -> None:
+        self.group = group
+        self.prompt_length = prompt_length
+        self.tokens = torch.empty(max(64, 2 * prompt_length), dtype=torch.int64)
+        self.length = 0
+        if prompt_ids is not None:
+            self.append(list(prompt_ids))
+        self.output = output
+        self.synced_output = 0
+        self.node: SequenceNode | None = None
+
+    def append(self, token_ids: list[int]) -> None:
+        end = self.length + len(token_ids)
+        if end > self.tokens.shape[0]:
+            grown = torch.empty(max(2 * self.tokens.shape[0], end), dtype=torch.int64)
+            grown[: self.length] = self.tokens[: self.length]
+            self.tokens = grown
+        self.tokens[self.length : end] = torch.tensor(token_ids, dtype=torch.int64)
+        self.length = end
+
+    def sync_output(self) -> None:
+        """Take in the tokens appended to the engine's live output list since last time."""
+        output = self.output
+        if output is None:
+            return
+        if len(output) < self.synced_output:
+            # The engine dropped outputs (vLLM discards tokens after a KV-load failure):
+            # restart from the prompt.
+            self.length = self.prompt_length
+            self.synced_output = 0
+            self.node = None
+        new = list(output[self.synced_output :])
+        if new and min(new) < 0:
+            # Placeholders (-1) of tokens still being sampled asynchronously.
+            new = new[: next(i for i, t in enumerate(new) if t < 0)]
+        if new:
+            self.append(new)
+            self.synced_output += len(new)
+
+    def committed_node(self) -> SequenceNode:
+        """The processor states after every committed token."""
+        assert self.group.pipeline is not None
+        processors = self.group.pipeline.stateful
+        node = self.node
+        if node is None:
+            node = root_node(processors, self.tokens[: self.prompt_length])
+        for token_id in self.tokens[node.length : self.length].tolist():
+            node = child_node(processors, node, token_id)
+        self.node = node
+        return node
+
+
+class _RowGroup:
+    """The rows of one call that share a pipeline."""
+
+    __slots__ = ("drafts", "group", "index", "requests", "rows", "slots", "span")
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+        self.rows: list[int] = []
+        self.slots: list[int] = []
+        self.requests: list[_Request] = []
+        self.drafts: list[list[int]] = []
+        self.index: torch.Tensor | None = None
+        self.span: tuple[int, int] | None = None
+
+
+class RequestBatch:
+    """Slot-indexed per-request pipelines, applied group by group to a ``(B, V)`` batch.
+
+    Args:
+        vocab: the model's vocabulary, or a function that builds it (called once, at the
+            first request that has processors, so an engine pays for it only when used).
+        device: the device of the logits (history tensors are built on the CPU and moved
+            by the processors that read them).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import LogitBias, to_specs
+        >>> requests = RequestBatch()
+        >>> extra_args = {"anylogits": to_specs([LogitBias({2: -5.0})])}
+        >>> requests.add(1, extra_args, prompt_ids=[0, 1], output_ids=[])
+        True
+        >>> requests.process(torch.zeros(3, 4))
+        tensor([[ 0.,  0.,  0.,  0.],
+                [ 0.,  0., -5.,  0.],
+                [ 0.,  0.,  0.,  0.]])
+    """
+
+    def __init__(self, vocab: Vocabulary | Callable[[], Vocabulary | None] | None = None) -> None:
+        self._vocab_source = vocab
+        self._vocab: Vocabulary | None = None
+        self._vocab_ready = not callable(vocab)
+        if self._vocab_ready:
+            self._vocab = vocab  # type: ignore[assignment]
+        self._groups: dict[str, _Group] = {}
+        self._slots: dict[int, _Request] = {}
+        self._layout: tuple[int, list[_RowGroup]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._slots
+
+    @property
+    def vocab(self) -> Vocabulary | None:
+        if not self._vocab_ready:
+            self._vocab = self._vocab_source()  # type: ignore[operator]
+            self._vocab_ready = True
+        return self._vocab
+
+    def add(
+        self,
+        slot: int,
+        extra_args: dict[str, Any] | None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        prompt_length: int | None = None,
+        output_ids: Sequence[int] | None = None,
+    ) -> bool:
+        """Put a request in ``slot`` (replacing whatever was there).
+
+        Args:
+            slot: the engine's row index for the request.
+            extra_args: the request's ``SamplingParams.extra_args``; its specs sit under
+                :data:`SPEC_KEY`. Without them the slot has no processors.
+            prompt_ids: the prompt; ``None`` when the engine supplies committed tokens at
+                each call instead (vLLM's V2 runner, see :meth:`process`).
+            prompt_length: the prompt length when ``prompt_ids`` is ``None``.
+            output_ids: the engine's *live* list of generated ids (vLLM's V1 runner keeps
+                appending to it); ``None`` when committed tokens are read per call.
+
+        Returns whether the request has processors. Specs that fail here (normally
+        caught earlier by :func:`request_specs` in the engine's request validation) make
+        the request's rows end the sequence and log the error: the request is already
+        scheduled, and passing its logits through would hide the failure.
+        """
+        self._layout = None
+        try:
+            specs = request_specs(extra_args)
+        except ValueError as error:
+            group = self._failed_group(str(error))
+        else:
+            if specs is None:
+                self._slots.pop(slot, None)
+                return False
+            group = self._group(specs)
+        length = len(prompt_ids) if prompt_ids is not None else prompt_length
+        if length is None:
+            raise ValueError("pass prompt_ids or prompt_length")
+        self._slots[slot] = _Request(group, prompt_ids, length, output_ids)
+        return True
+
+    def remove(self, slot: int) -> None:
+        """Forget the request in ``slot`` (no error when the slot is empty)."""
+        self._layout = None
+        self._slots.pop(slot, None)
+
+    def move(self, source: int, target: int) -> None:
+        """The request of ``source`` now sits in ``target``; ``source`` becomes empty."""
+        self._layout = None
+        request = self._slots.pop(source, None)
+        self._slots.pop(target, None)
+        if request is not None:
+            self._slots[target] = request
+
+    def swap(self, first: int, second: int) -> None:
+        """Exchange the requests of two slots."""
+        self._layout = None
+        a = self._slots.pop(first, None)
+        b = self._slots.pop(second, None)
+        if a is not None:
+            self._slots[second] = a
+        if b is not None:
+            self._slots[first] = b
+
+    def process(
+        self,
+        logits: torch.Tensor,
+        row_slots: Sequence[int] | None = None,
+        *,
+        drafts: Sequence[Sequence[int]] | None = None,
+        committed: CommittedReader | None = None,
+    ) -> torch.Tensor:
+        """Apply each row's pipeline to ``logits`` in place and return them.
+
+        Args:
+            logits: ``(B, V)`` logits the engine lets us edit.
+            row_slots: the slot of each row; ``None`` means row ``i`` is slot ``i``.
+            drafts: per row, speculative tokens that follow the committed sequence (the
+                row scores the position after them); states advance through them without
+                being committed.
+            committed: reads committed tokens from the engine, for requests added without
+                a live output list.
+        """
+        if not self._slots:
+            return logits
+        layout = self._row_groups(logits.shape[0], row_slots, drafts)
+        if not layout:
+            return logits
+        pipeline_of_first = layout[0].group.pipeline
+        if pipeline_of_first is not None:
+            pipeline_of_first.check_logits(logits)
+        for row_group in layout:
+            self._apply(logits, row_group, committed)
+        return logits
+
+    def _group(self, specs: list[dict[str, Any]]) -> _Group:
+        key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
+        group = self._groups.get(key)
+        if group is None:
+            try:
+                pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab)
+            except (ValueError, TypeError) as error:
+                return self._failed_group(f"processors {key} cannot run here: {error}")
+            group = self._groups[key] = _Group(key, pipeline, None)
+        return group
+
+    def _failed_group(self, error: str) -> _Group:
+        logger.error("anylogits: %s; the request's sequence is ended", error)
+        return _Group(f"error:{error}", None, error)
+
+    def _row_groups(
+        self,
+        batch_size: int,
+        row_slots: Sequence[int] | None,
+        drafts: Sequence[Sequence[int]] | None,
+    ) -> list[_RowGroup]:
+        cacheable = row_slots is None and drafts is None
+        if cacheable and self._layout is not None and self._layout[0] == batch_size:
+            return self._layout[1]
+        by_key: dict[str, _RowGroup] = {}
+        slots = range(batch_size) if row_slots is None else row_slots
+        for row, slot in enumerate(slots):
+            request = self._slots.get(slot)
+            if request is None:
+                continue
+            row_group = by_key.get(request.group.key)
+            if row_group is None:
+                row_group = by_key[request.group.key] = _RowGroup(request.group)
+            row_group.rows.append(row)
+            row_group.slots.append(slot)
+            row_group.requests.append(request)
+            row_group.drafts.append(list(drafts[row]) if drafts is not None else [])
+        layout = list(by_key.values())
+        for row_group in layout:
+            first, last = row_group.rows[0], row_group.rows[-1]
+            if last - first + 1 == len(row_group.rows):
+                row_group.span = (first, last + 1)
+            else:
+                row_group.index = torch.tensor(row_group.rows)
+        if cacheable:
+            self._layout = (batch_size, layout)
+        return layout
+
+    def _apply(
+        self, logits: torch.Tensor, row_group: _RowGroup, committed: CommittedReader | None
+    ) -> None:
+        pipeline = row_group.group.pipeline
+        if row_group.span is not None:
+            start, end = row_group.span
+            rows = logits[start:end]
+        else:
+            index = row_group.index.to(logits.device)  # type: ignore[union-attr]
+            rows = logits.index_select(0, index)
+        if pipeline is None:
+            rows = self._end_sequences(rows)
+        else:
+            requests = row_group.requests
+            synced = False
+
+            def sync() -> None:
+                nonlocal synced
+                if not synced:
+                    self._sync(requests, row_group.slots, committed)
+                    synced = True
+
+            states: dict[int, list[Any]] = {}
+            prompt_lengths = None
+            if pipeline.tracker is not None:
+                sync()
+                nodes = [
+                    self._draft_node(request, draft)
+                    for request, draft in zip(requests, row_group.drafts, strict=True)
+                ]
+                states = {
+                    id(processor): [node.states[k] for node in nodes]
+                    for k, processor in enumerate(pipeline.stateful)
+                }
+                prompt_lengths = torch.tensor([r.prompt_length for r in requests])
+
+            def history() -> torch.Tensor:
+                sync()
+                return self._history(requests, row_group.drafts)
+
+            def lengths() -> torch.Tensor:
+                sync()
+                return torch.tensor(
+                    [r.length + len(d) for r, d in zip(requests, row_group.drafts, strict=True)]
+                )
+
+            batch = Batch(
+                len(requests),
+                history,
+                lengths=lengths,
+                prompt_lengths=prompt_lengths,
+                states=states,
+                vocab=pipeline.vocab,
+            )
+            result = pipeline.apply(rows, batch)
+            if row_group.span is not None and result is rows:
+                return
+            rows = result
+        if row_group.span is not None:
+            logits[row_group.span[0] : row_group.span[1]] = rows
+        else:
+            logits.index_copy_(0, row_group.index.to(logits.device), rows)  # type: ignore[union-attr]
+
+    def _end_sequences(self, rows: torch.Tensor) -> torch.Tensor:
+        vocab = self.vocab
+        eos = sorted(vocab.eos_token_ids) if vocab is not None else []
+        if not eos:
+            raise RuntimeError(
+                "anylogits: a request's processors failed to build and the model has no "
+                "EOS token to end it with; see the logged error"
+            )
+        rows.fill_(float("-inf"))
+        rows[:, eos[0]] = 0.0
+        return rows
+
+    @staticmethod
+    def _sync(
+        requests: list[_Request], slots: list[int], committed: CommittedReader | None
+    ) -> None:
+        if committed is None:
+            for request in requests:
+                request.sync_output()
+            return
+        # One engine read for the whole group; a request with several rows (draft
+        # positions) is read once.
+        unique: dict[int, tuple[int, _Request]] = {}
+        for slot, request in zip(slots, requests, strict=True):
+            if request.output is None:
+                unique.setdefault(id(request), (slot, request))
+        if not unique:
+            return
+        pending = list(unique.values())
+        new_tokens = committed([slot for slot, _ in pending], [r.length for _, r in pending])
+        for (_, request), tokens in zip(pending, new_tokens, strict=True):
+            if tokens:
+                request.append(list(tokens))
+
+    @staticmethod
+    def _draft_node(request: _Request, draft: list[int]) -> SequenceNode:
+        node = request.committed_node()
+        if draft:
+            processors = request.group.pipeline.stateful  # type: ignore[union-attr]
+            for token_id in draft:
+                node = child_node(processors, node, token_id)
+        return node
+
+    @staticmethod
+    def _history(requests: list[_Request], drafts: list[list[int]]) -> torch.Tensor:
+        lengths = [r.length + len(d) for r, d in zip(requests, drafts, strict=True)]
+        width = max(lengths)
+        ids = torch.zeros(len(requests), width, dtype=torch.int64)
+        for row, (request, draft) in enumerate(zip(requests, drafts, strict=True)):
+            end = width - len(draft)
+            ids[row, end - request.length : end] = request.tokens[: request.length]
+            if draft:
+                ids[row, end:] = torch.tensor(draft, dtype=torch.int64)
+        return ids
