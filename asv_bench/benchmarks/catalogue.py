@@ -1,8 +1,8 @@
 """Each catalogue processor beside its native oracles, per backend, on identical input.
 
-``ORACLES[name][backend]`` builds the backend's own implementation as a callable
-``(ids, logits) -> logits``; backends add entries as their issues land (vLLM's sampler
-ops, mlx-lm's compiled ops, llama.cpp's samplers).
+``ORACLES[backend](name)`` builds the backend's own implementation as a callable
+``(ids, logits) -> logits``, or raises ``NotImplementedError`` (asv: skipped) when the
+backend has none.
 """
 
 from __future__ import annotations
@@ -131,10 +131,80 @@ def _mlx(name: str) -> Oracle:
     return apply
 
 
+def _vllm(name: str) -> Oracle:
+    """vLLM's V1 sampler pieces: its batch-level built-in processors (driven through
+    ``BatchUpdate`` like the engine does) and the tensor ops its sampler calls."""
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.utils import apply_penalties
+    from vllm.v1.sample.logits_processor import (
+        BatchUpdate,
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+        MinTokensLogitsProcessor,
+    )
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    builtin: dict[str, tuple[type, Callable[[], Any]]] = {
+        "logit_bias": (LogitBiasLogitsProcessor, lambda: SamplingParams(logit_bias=BIAS)),
+        "min_p": (MinPLogitsProcessor, lambda: SamplingParams(min_p=0.05)),
+        "min_new_tokens": (
+            MinTokensLogitsProcessor,
+            lambda: SamplingParams(min_tokens=5, stop_token_ids=[2]),
+        ),
+    }
+    if name in builtin:
+        cls, params = builtin[name]
+        engines: dict[int, Any] = {}
+
+        def apply(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+            batch = logits.shape[0]
+            if batch not in engines:
+                processor = cls(VllmConfig(), torch.device("cpu"), False)
+                # Two generated tokens each, so min_tokens=5 still holds EOS back.
+                added = [
+                    (row, params(), ids[row, :-2].tolist(), ids[row, -2:].tolist())
+                    for row in range(batch)
+                ]
+                processor.update_state(BatchUpdate(batch, [], added, []))
+                engines[batch] = processor
+            engines[batch].update_state(None)
+            return engines[batch].apply(logits)
+
+        return apply
+
+    def per_row(value: float, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda logits: torch.full((logits.shape[0],), value, dtype=dtype)
+
+    temperature, top_k, top_p = (
+        per_row(0.7, torch.float32),
+        per_row(50, torch.int64),
+        per_row(0.9, torch.float32),
+    )
+    ops: dict[str, Oracle] = {
+        "temperature": lambda ids, logits: logits.div_(temperature(logits)[:, None]),
+        "top_k": lambda ids, logits: apply_top_k_top_p(logits, top_k(logits), None),
+        "top_p": lambda ids, logits: apply_top_k_top_p(logits, None, top_p(logits)),
+        # vLLM penalizes prompt and output tokens alike; the history is split in two.
+        "repetition_penalty": lambda ids, logits: apply_penalties(
+            logits,
+            ids[:, : HISTORY // 2],
+            ids[:, HISTORY // 2 :],
+            torch.zeros(logits.shape[0]),
+            torch.zeros(logits.shape[0]),
+            torch.full((logits.shape[0],), 1.3),
+        ),
+    }
+    if name not in ops:
+        raise NotImplementedError(f"vLLM has no native {name}")
+    return ops[name]
+
+
 ORACLES: dict[str, Callable[[str], Oracle]] = {
     "transformers": _transformers,
     "llama_cpp": _llama_cpp,
     "mlx": _mlx,
+    "vllm": _vllm,
 }
 # Oracles that take one row per call: larger batches are skipped.
 ONE_ROW_ORACLES = {"llama_cpp", "mlx"}

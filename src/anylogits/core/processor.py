@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -87,6 +88,21 @@ class LogitsProcessor:
             )
         return processor
 
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
+        """One processor applying ``processors[i]`` (all of this class) to row ``i``.
+
+        Engines that batch many requests (vLLM) use it to process rows that run the
+        same kind of processor with different parameters in one call. Returns ``None``
+        when this class cannot (the rows are then processed group by group). The default
+        stacks identical configurations only; stateful processors never stack.
+        """
+        first = processors[0]
+        if issubclass(cls, StatefulLogitsProcessor):
+            return None
+        config = first.config()
+        return first if all(p.config() == config for p in processors[1:]) else None
+
     def __repr__(self) -> str:
         try:
             args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
@@ -121,6 +137,25 @@ class StatefulLogitsProcessor(LogitsProcessor, Generic[State]):
     def fork(self, state: State) -> State:
         """An independent copy of ``state`` (only called when ``mutable_state``)."""
         return state
+
+
+class RowwiseProcessor(LogitsProcessor):
+    """Rows of one batch processed by one function with per-row parameters.
+
+    What :meth:`LogitsProcessor.stack` returns: ``function(logits, batch, **parameters)``
+    where each tensor parameter has one entry (or row) per logits row. Internal: it has
+    no spec.
+    """
+
+    def __init__(self, function: Callable[..., torch.Tensor], **parameters: Any) -> None:
+        self.function = function
+        self.parameters = parameters
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.function(logits, batch, **self.parameters)
+
+    def __repr__(self) -> str:
+        return f"RowwiseProcessor({self.function.__name__})"
 
 
 def registered_processors() -> dict[str, type[LogitsProcessor]]:

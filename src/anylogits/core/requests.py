@@ -352,7 +352,7 @@ class RequestBatch:
             row_group.slots.append(slot)
             row_group.requests.append(request)
             row_group.drafts.append(list(drafts[row]) if drafts is not None else [])
-        layout = list(by_key.values())
+        layout = self._stack_same_kinds(list(by_key.values()))
         for row_group in layout:
             first, last = row_group.rows[0], row_group.rows[-1]
             if last - first + 1 == len(row_group.rows):
@@ -362,6 +362,54 @@ class RequestBatch:
         if cacheable:
             self._layout = (batch_size, layout)
         return layout
+
+    def _stack_same_kinds(self, layout: list[_RowGroup]) -> list[_RowGroup]:
+        """Merge groups that run the same kinds of processors with different parameters
+        into one group whose pipeline processes every row with its own parameters."""
+        if len(layout) < 2:
+            return layout
+        by_kinds: dict[tuple[type, ...], list[_RowGroup]] = {}
+        for row_group in layout:
+            pipeline = row_group.group.pipeline
+            if pipeline is None or pipeline.tracker is not None:
+                by_kinds[(id(row_group),)] = [row_group]  # type: ignore[dict-item]
+                continue
+            kinds = tuple(type(p) for p in pipeline.processors)
+            by_kinds.setdefault(kinds, []).append(row_group)
+        merged_layout: list[_RowGroup] = []
+        for groups in by_kinds.values():
+            merged = self._stacked(groups) if len(groups) > 1 else None
+            merged_layout.extend([merged] if merged is not None else groups)
+        return merged_layout
+
+    def _stacked(self, groups: list[_RowGroup]) -> _RowGroup | None:
+        members = sorted(
+            (row, slot, request, draft)
+            for row_group in groups
+            for row, slot, request, draft in zip(
+                row_group.rows, row_group.slots, row_group.requests, row_group.drafts, strict=True
+            )
+        )
+        key = "stack:" + "|".join(m[2].group.key for m in members)
+        group = self._groups.get(key)
+        if group is None:
+            pipelines = [m[2].group.pipeline for m in members]
+            stacked = []
+            for position, kind in enumerate(type(p) for p in pipelines[0].processors):
+                processor = kind.stack([p.processors[position] for p in pipelines])
+                if processor is None:
+                    return None
+                stacked.append(processor)
+            if len(self._groups) > 4096:  # row mixes come and go; keep the cache bounded
+                self._groups = {k: g for k, g in self._groups.items() if not k.startswith("stack:")}
+            group = self._groups[key] = _Group(key, Pipeline(stacked, self.vocab), None)
+        merged = _RowGroup(group)
+        for row, slot, request, draft in members:
+            merged.rows.append(row)
+            merged.slots.append(slot)
+            merged.requests.append(request)
+            merged.drafts.append(draft)
+        return merged
 
     def _apply(
         self, logits: torch.Tensor, row_group: _RowGroup, committed: CommittedReader | None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor
+from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, int_at_least, token_id_list
 
@@ -91,6 +92,13 @@ class LogitBias(LogitsProcessor):
             self._values[key] = values
         return logits.index_add_(1, columns, values.expand(logits.shape[0], -1))
 
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        biases = [p.bias for p in processors]  # type: ignore[attr-defined]
+        rows, columns = _row_columns([list(bias) for bias in biases])
+        values = torch.tensor([v for bias in biases for v in bias.values()], dtype=torch.float64)
+        return RowwiseProcessor(_add_rows, rows=rows, columns=columns, values=values)
+
 
 def _token_id_key(key: int | str) -> int:
     if isinstance(key, bool):
@@ -137,6 +145,44 @@ class SuppressTokens(LogitsProcessor):
         if not self.token_ids:
             return logits
         return logits.index_fill_(1, self._columns.on(logits), float("-inf"))
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        rows, columns = _row_columns([list(p.token_ids) for p in processors])  # type: ignore[attr-defined]
+        return RowwiseProcessor(_suppress_rows, rows=rows, columns=columns)
+
+
+def _row_columns(ids_per_row: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``(row, column)`` index tensors of per-row token ids."""
+    rows = [row for row, ids in enumerate(ids_per_row) for _ in ids]
+    columns = [token_id for ids in ids_per_row for token_id in ids]
+    return torch.tensor(rows, dtype=torch.int64), torch.tensor(columns, dtype=torch.int64)
+
+
+def _on_logits(logits: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> tuple:
+    if columns.numel() and int(columns.max()) >= logits.shape[-1]:
+        raise ValueError(
+            f"token id {int(columns.max())} is outside the logits row of {logits.shape[-1]} ids"
+        )
+    return rows.to(logits.device), columns.to(logits.device)
+
+
+def _add_rows(
+    logits: torch.Tensor,
+    batch: Batch,
+    rows: torch.Tensor,
+    columns: torch.Tensor,
+    values: torch.Tensor,
+) -> torch.Tensor:
+    index = _on_logits(logits, rows, columns)
+    return logits.index_put_(index, values.to(logits.device, logits.dtype), accumulate=True)
+
+
+def _suppress_rows(
+    logits: torch.Tensor, batch: Batch, rows: torch.Tensor, columns: torch.Tensor
+) -> torch.Tensor:
+    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    return logits.index_put_(_on_logits(logits, rows, columns), minus_inf)
 
 
 class MinNewTokens(LogitsProcessor):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor
+from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.processors._checks import int_at_least, positive_float
+from anylogits.processors.sampling import opmath, row_values
 
 
 def history_within(batch: Batch, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -58,13 +60,30 @@ class RepetitionPenalty(LogitsProcessor):
         return {"penalty": self.penalty}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        ids, rows_with_ids = history_within(batch, logits.shape[-1])
-        ids = ids.to(logits.device)
-        seen = logits.gather(1, ids)
-        penalized = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
-        if rows_with_ids is not None:
-            penalized = torch.where(rows_with_ids.to(logits.device), penalized, seen)
-        return logits.scatter_(1, ids, penalized)
+        return _repetition_penalty(logits, batch, self.penalty)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+        return RowwiseProcessor(_repetition_penalty, penalty=penalties)
+
+
+def _repetition_penalty(
+    logits: torch.Tensor, batch: Batch, penalty: float | torch.Tensor
+) -> torch.Tensor:
+    ids, rows_with_ids = history_within(batch, logits.shape[-1])
+    ids = ids.to(logits.device)
+    seen = logits.gather(1, ids)
+    if isinstance(penalty, torch.Tensor):
+        # One penalty per row, computed and rounded as a Python float would be.
+        factor = opmath(penalty, logits)[:, None]
+        wide = seen.to(factor.dtype)
+        penalized = torch.where(wide < 0, wide * factor, wide / factor).to(seen.dtype)
+    else:
+        penalized = torch.where(seen < 0, seen * penalty, seen / penalty)
+    if rows_with_ids is not None:
+        penalized = torch.where(rows_with_ids.to(logits.device), penalized, seen)
+    return logits.scatter_(1, ids, penalized)
 
 
 class NoRepeatNGram(LogitsProcessor):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor
+from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.processors._checks import int_at_least, positive_float, probability
 
 
@@ -48,6 +49,11 @@ class Temperature(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return logits.div_(self.temperature)
 
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        temperatures = [p.temperature for p in processors]  # type: ignore[attr-defined]
+        return RowwiseProcessor(divide_rows, divisors=row_values(temperatures))
+
 
 class TopK(LogitsProcessor):
     """Keep the ``top_k`` highest logits of each row (ties with the k-th are kept).
@@ -79,6 +85,11 @@ class TopK(LogitsProcessor):
         k = min(max(self.top_k, self.min_tokens_to_keep), logits.shape[-1])
         kth_value = torch.topk(logits, k, dim=-1).values[:, -1:]
         return keep_only(logits, logits >= kth_value)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        ks = [max(p.top_k, p.min_tokens_to_keep) for p in processors]  # type: ignore[attr-defined]
+        return RowwiseProcessor(_top_k_rows, ks=torch.tensor(ks))
 
 
 class TopP(LogitsProcessor):
@@ -172,9 +183,61 @@ class MinP(LogitsProcessor):
         return {"min_p": self.min_p, "min_tokens_to_keep": self.min_tokens_to_keep}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        probs = torch.softmax(logits, dim=-1)
-        keep = probs >= self.min_p * probs.amax(dim=-1, keepdim=True)
-        if self.min_tokens_to_keep > 1:
-            k = min(self.min_tokens_to_keep, logits.shape[-1])
-            keep.scatter_(-1, torch.topk(logits, k, dim=-1).indices, True)
-        return keep_only(logits, keep)
+        return _min_p(logits, self.min_p, self.min_tokens_to_keep)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
+        keep = {p.min_tokens_to_keep for p in processors}  # type: ignore[attr-defined]
+        if len(keep) > 1:
+            return None
+        min_ps = row_values([p.min_p for p in processors])  # type: ignore[attr-defined]
+        return RowwiseProcessor(_min_p_rows, min_ps=min_ps, min_tokens_to_keep=keep.pop())
+
+
+def _min_p(
+    logits: torch.Tensor, min_p: float | torch.Tensor, min_tokens_to_keep: int
+) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    top = probs.amax(dim=-1, keepdim=True)
+    if isinstance(min_p, torch.Tensor):
+        # Rounded to the probabilities' dtype, as a Python float factor would be.
+        threshold = (opmath(min_p, logits) * top.to(min_p.dtype)[:, 0]).to(probs.dtype)[:, None]
+    else:
+        threshold = min_p * top
+    keep = probs >= threshold
+    if min_tokens_to_keep > 1:
+        k = min(min_tokens_to_keep, logits.shape[-1])
+        keep.scatter_(-1, torch.topk(logits, k, dim=-1).indices, True)
+    return keep_only(logits, keep)
+
+
+def _min_p_rows(
+    logits: torch.Tensor, batch: Batch, min_ps: torch.Tensor, min_tokens_to_keep: int
+) -> torch.Tensor:
+    return _min_p(logits, min_ps, min_tokens_to_keep)
+
+
+def _top_k_rows(logits: torch.Tensor, batch: Batch, ks: torch.Tensor) -> torch.Tensor:
+    ks = ks.clamp(max=logits.shape[-1]).to(logits.device)
+    values = torch.topk(logits, int(ks.max()), dim=-1).values
+    return keep_only(logits, logits >= values.gather(1, (ks - 1)[:, None]))
+
+
+def row_values(values: Sequence[float]) -> torch.Tensor:
+    """Per-row Python floats as a float64 tensor (see :func:`opmath`)."""
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def opmath(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-row floats in the precision torch computes ``logits`` op a Python float in:
+    float64 for float64 logits, float32 otherwise (half types compute in float32)."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return values.to(device=logits.device, dtype=dtype)
+
+
+def divide_rows(logits: torch.Tensor, batch: Batch, divisors: torch.Tensor) -> torch.Tensor:
+    """Row ``i`` divided by ``divisors[i]``, bit for bit as ``row.div_(float)``."""
+    divisors = opmath(divisors, logits)[:, None]
+    if logits.dtype == divisors.dtype:
+        return logits.div_(divisors)
+    return logits.copy_(logits.to(divisors.dtype) / divisors)

