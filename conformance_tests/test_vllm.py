@@ -10,7 +10,7 @@ runner refuses custom logits processors with it (one engine per module keeps thi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +71,28 @@ class RecordingAnyLogits(AnyLogits):
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, fast start
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
-    from vllm import LLM
+def llm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    settings = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this process: a fast start
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+        "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
+    }
+    # Set for this module only: a vLLM server another module starts inherits os.environ.
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings.items():
+            if name not in os.environ:
+                patch.setenv(name, value)
+        from vllm import LLM
 
-    engine = LLM(
-        str(tiny_model_dir),
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=MAX_NUM_SEQS,
-        seed=0,
-        enforce_eager=True,
-        logits_processors=[RecordingAnyLogits],
-    )
-    return engine
+        yield LLM(
+            str(tiny_model_dir),
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=MAX_NUM_SEQS,
+            seed=0,
+            enforce_eager=True,
+            logits_processors=[RecordingAnyLogits],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -153,18 +159,22 @@ def test_mixed_batch_rows_equal_each_request_run_alone(
     tokenizer = hf[1]
     cat = tokenizer.encode("the cat sat on the mat and then it")
     story = tokenizer.encode("Once upon a time there was a")
+    cat_first = greedy(llm, cat, max_tokens=1)[0]
     # (prompt, processors factory, max_tokens, extra sampling kwargs): rows finish at
-    # different steps, so vLLM removes rows, condenses its persistent batch (moves) and,
-    # with MAX_NUM_SEQS < len(requests), adds waiting requests into freed slots.
+    # different steps; with MAX_NUM_SEQS < len(requests), waiting requests take freed
+    # slots, and once none wait vLLM condenses its persistent batch by moving the two
+    # long rows (slots 2 and 3) down while they still have tokens to go. The stateful
+    # probe in slot 3 changes every step's boost, so a mishandled move shows (checked:
+    # a no-op RequestBatch.move makes this test fail).
     requests: list[tuple[list[int], Callable[[], list[LogitsProcessor]], int, dict]] = [
         (prompt, lambda: [], 3, {}),
         (cat, lambda: [RepetitionPenalty(1.3)], 6, {}),
-        (story, lambda: [GeneratedHashBias(12.0)], 24, {}),  # the same spec as the 8th
         (prompt, lambda: [NoRepeatNGram(2)], 24, {}),  # the same spec as the 5th
-        (cat, lambda: [NoRepeatNGram(2)], 12, {}),
+        (story, lambda: [GeneratedHashBias(12.0)], 24, {}),
+        (cat, lambda: [NoRepeatNGram(2)], 8, {}),
         (story, lambda: [TopK(5)], 7, {"temperature": 1.0, "seed": 11}),
         (prompt, lambda: [], 2, {}),
-        (cat, lambda: [GeneratedHashBias(12.0)], 20, {}),
+        (cat, lambda: [LogitBias({cat_first: -20.0})], 6, {}),
         (prompt, lambda: [SuppressTokens(sorted(set(plain[:4])))], 4, {}),
     ]
 
