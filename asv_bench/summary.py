@@ -40,6 +40,8 @@ def _param_names(key: str) -> list[str]:
         "ProcessorVsOracle": ["processor", "oracle", "vocab", "batch"],
         "BatchScaling": ["processor", "implementation"],
         "SequenceLengthScaling": ["target", "length", "batch"],
+        "VllmStep": ["processor", "implementation", "batch"],
+        "VllmOverAdapter": ["processor", "implementation", "batch"],
     }[key.split(".")[-2]]
 
 
@@ -95,6 +97,18 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         "bench_sequence.SequenceLengthScaling.track_step_over_l128",
         "bench_sequence.SequenceLengthScaling.track_step_us",
         sequence_verdict,
+    ),
+    (
+        "5. vLLM step, V=128k: us per step (none / shared / distinct specs / vLLM's adapter)",
+        "bench_vllm.VllmStep.track_step_us",
+        None,
+        None,
+    ),
+    (
+        "6. vLLM step: ours / vLLM's AdapterLogitsProcessor (per-row loop), same run",
+        "bench_vllm.VllmOverAdapter.track_ours_over_adapter",
+        None,
+        None,
     ),
 ]
 

@@ -50,7 +50,7 @@ def test_every_processor_oracle_runs_or_is_skipped(processor: str, oracle: str) 
 def test_batch_scaling_runs_for_ours_and_the_peer() -> None:
     for implementation in ("anylogits", *(name for name in ORACLES if name in INSTALLED)):
         try:
-            run(BatchScaling(), "track_b64_over_b1", "suppress_tokens", implementation)
+            run(BatchScaling(), "track_b64_over_b1", "repetition_penalty", implementation)
         except NotImplementedError:  # asv's skip: samplers that take one row per call
             assert implementation in ONE_ROW_ORACLES
 
@@ -65,3 +65,12 @@ def test_a_missing_backend_is_skipped_by_asv(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(backends, "installed", lambda name: False)
     with pytest.raises(NotImplementedError, match="transformers is not installed"):
         AdapterOverhead().setup("transformers", 32_000, 1)
+
+
+@pytest.mark.skipif("vllm" not in INSTALLED, reason="vllm is not installed")
+def test_vllm_step_benchmarks_run() -> None:
+    from benchmarks.bench_vllm import IMPLEMENTATIONS, VllmOverAdapter, VllmStep
+
+    for implementation in IMPLEMENTATIONS:
+        run(VllmStep(), "track_step_us", "logit_bias", implementation, 2)
+    run(VllmOverAdapter(), "track_ours_over_adapter", "repetition_penalty", "distinct", 2)

@@ -75,7 +75,7 @@ __all__ = [
 
 #: Bump whenever the bytes written for a given spec change (weights, config, tokenizer):
 #: it is part of the cache key, so stale folders are never reused.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 #: The llama-cpp-python source distribution whose vendored llama.cpp provides the vocab files.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -682,6 +682,9 @@ def make_weights(
 def _rewrite_json(path: Path, update: dict[str, Any]) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     data.update(update)
+    # The writer's version: builds by different transformers versions (the vLLM and MLX
+    # sessions pin their own) must stay byte-identical.
+    data.pop("transformers_version", None)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -695,6 +698,7 @@ def _write_model_folder(spec: TinyModelSpec, vocab: GGUFVocab, folder: Path) -> 
     # back to 10000 without it. torch_dtype is the transformers 4 name of dtype.
     _rewrite_json(folder / "config.json", {"rope_theta": spec.rope_theta, "torch_dtype": "float32"})
     make_generation_config(vocab).save_pretrained(folder)
+    _rewrite_json(folder / "generation_config.json", {})
 
     tokenizer = build_tokenizer(vocab, model_max_length=spec.max_position_embeddings)
     tokenizer.save_pretrained(folder)
