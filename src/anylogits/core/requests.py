@@ -419,7 +419,8 @@ class RequestBatch:
             start, end = row_group.span
             rows = logits[start:end]
         else:
-            index = row_group.index.to(logits.device)  # type: ignore[union-attr]
+            # Kept on the logits' device: the layout is reused while the batch holds.
+            index = row_group.index = row_group.index.to(logits.device)  # type: ignore[union-attr]
             rows = logits.index_select(0, index)
         if pipeline is None:
             rows = self._end_sequences(rows)
@@ -472,7 +473,7 @@ class RequestBatch:
         if row_group.span is not None:
             logits[row_group.span[0] : row_group.span[1]] = rows
         else:
-            logits.index_copy_(0, row_group.index.to(logits.device), rows)  # type: ignore[union-attr]
+            logits.index_copy_(0, row_group.index, rows)  # type: ignore[arg-type]
 
     def _end_sequences(self, rows: torch.Tensor) -> torch.Tensor:
         vocab = self.vocab
