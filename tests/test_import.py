@@ -6,7 +6,16 @@ import json
 import subprocess
 import sys
 
-BACKENDS = ("transformers", "vllm", "mlx", "mlx_lm", "llama_cpp", "tokenizers", "gguf")
+BACKENDS = (
+    "transformers",
+    "vllm",
+    "mlx",
+    "mlx_lm",
+    "llama_cpp",
+    "tokenizers",
+    "gguf",
+    "llguidance",
+)
 
 
 def test_import_anylogits_imports_no_backend() -> None:

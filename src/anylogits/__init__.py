@@ -20,10 +20,14 @@ from anylogits.core import (
 )
 from anylogits.core.requests import vllm_xargs
 from anylogits.processors import (
+    Choice,
+    Grammar,
+    JSONSchema,
     LogitBias,
     MinNewTokens,
     MinP,
     NoRepeatNGram,
+    Regex,
     RepetitionPenalty,
     SuppressTokens,
     Temperature,
@@ -63,12 +67,16 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Batch",
+    "Choice",
+    "Grammar",
+    "JSONSchema",
     "LogitBias",
     "LogitsProcessor",
     "MinNewTokens",
     "MinP",
     "NoRepeatNGram",
     "Pipeline",
+    "Regex",
     "RepetitionPenalty",
     "StatefulLogitsProcessor",
     "SuppressTokens",

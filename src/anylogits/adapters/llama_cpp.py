@@ -191,11 +191,20 @@ def vocabulary_of(model: llama_cpp.Llama) -> Vocabulary:
         if llama_cpp.llama_vocab_is_control(handle, token_id):
             special.add(token_id)
     bos = model.token_bos()
+    model_ref = weakref.ref(model)
+
+    def encode(text: str) -> list[int]:
+        live = model_ref()
+        if live is None:
+            raise RuntimeError("the llama.cpp model this vocabulary came from no longer exists")
+        return list(live.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
     vocab = Vocabulary(
         tokens=tuple(tokens),
         eos_token_ids=frozenset(eos),
         special_token_ids=frozenset(special),
         bos_token_id=bos if bos >= 0 else None,
+        encode=encode,
     )
     _VOCABULARIES[model] = vocab
     return vocab

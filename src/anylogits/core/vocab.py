@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -20,6 +20,8 @@ class Vocabulary:
         eos_token_ids: ids that end a sequence.
         special_token_ids: control / added special tokens (never produced by text).
         bos_token_id: the beginning-of-sequence id, if the model has one.
+        encode: the model's tokenizer (text -> ids, no special tokens added), when known;
+            grammar engines use it to tokenize literal text canonically.
 
     The model's logits are often wider than the tokenizer (vocabularies padded to a
     multiple of 64 or 128): ids ``>= len(tokens)`` have no text. Use
@@ -35,6 +37,7 @@ class Vocabulary:
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     special_token_ids: frozenset[int] = field(default_factory=frozenset)
     bos_token_id: int | None = None
+    encode: Callable[[str], list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("eos_token_ids", "special_token_ids"):
@@ -95,11 +98,21 @@ class Vocabulary:
             eos = tokenizer.eos_token_id
             eos_token_ids = [] if eos is None else [eos]
         bos = getattr(tokenizer, "bos_token_id", None)
+        # A weak reference: vocabularies are cached per tokenizer, and must not keep it alive.
+        tokenizer_ref = weakref.ref(tokenizer)
+
+        def encode(text: str) -> list[int]:
+            live = tokenizer_ref()
+            if live is None:
+                raise RuntimeError("the tokenizer this vocabulary came from no longer exists")
+            return list(live.encode(text, add_special_tokens=False))
+
         return cls(
             tokens=tuple(tokens),
             eos_token_ids=frozenset(int(i) for i in eos_token_ids),
             special_token_ids=frozenset(special_ids),
             bos_token_id=bos,
+            encode=encode,
         )
 
 

@@ -3,12 +3,17 @@
 from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
 from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
 from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
+from anylogits.processors.structured import Choice, Grammar, JSONSchema, Regex
 
 __all__ = [
+    "Choice",
+    "Grammar",
+    "JSONSchema",
     "LogitBias",
     "MinNewTokens",
     "MinP",
     "NoRepeatNGram",
+    "Regex",
     "RepetitionPenalty",
     "SuppressTokens",
     "Temperature",

@@ -1,0 +1,211 @@
+"""Structured generation: outputs that match a regex, a JSON schema, a choice or a grammar.
+
+Each sequence carries a grammar matcher (its state). Per call, every row's allowed
+tokens are computed on the CPU into one packed ``(B, ceil(V/32))`` int32 bitmask, in
+parallel, and applied to the logits with one vectorized op. EOS is allowed exactly when
+the grammar accepts. Engine: llguidance (``pip install 'anylogits[structured]'``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import StatefulLogitsProcessor
+from anylogits.core.vocab import Vocabulary
+from anylogits.processors._grammar_engine import ENGINE, _llguidance, apply_bitmask
+
+
+class _Grammar(StatefulLogitsProcessor[Any]):
+    """A processor whose state is a grammar matcher over the generated tokens."""
+
+    mutable_state = True
+
+    def _set_grammar(self, grammar: str, what: str) -> None:
+        try:
+            ENGINE.check(grammar)
+        except ValueError as error:
+            raise ValueError(f"{type(self).__name__}: {what} does not compile: {error}") from None
+        self.grammar = grammar
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        if vocab is not None:
+            ENGINE.start(self.grammar, vocab)  # compile now: errors before generation
+
+    def _vocab(self) -> Vocabulary:
+        if self.vocab is None:
+            raise ValueError(
+                f"{type(self).__name__} needs the model's vocabulary: build the hook with "
+                "the model's tokenizer (or model, for llama.cpp)"
+            )
+        return self.vocab
+
+    def init_state(self, prompt_ids: torch.Tensor) -> Any:
+        # The constraint applies to generated tokens only.
+        return ENGINE.start(self.grammar, self._vocab())
+
+    def advance(self, state: Any, token_id: int) -> Any:
+        ENGINE.advance(state, token_id)
+        return state
+
+    def fork(self, state: Any) -> Any:
+        return ENGINE.fork(state)
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        matchers = list(batch.states(self))
+        width = ENGINE.tokenizer(self._vocab()).vocab_size  # type: ignore[attr-defined]
+        bitmask = torch.empty(len(matchers), (width + 31) // 32, dtype=torch.int32)
+        ENGINE.fill(matchers, bitmask, sorted(self._vocab().eos_token_ids))
+        return apply_bitmask(logits, bitmask)
+
+
+class Regex(_Grammar):
+    """Generated text matches ``pattern`` in full (Rust ``regex`` syntax, anchored).
+
+    Args:
+        pattern: the regular expression the whole output must match.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, Regex, Vocabulary
+        >>> vocab = Vocabulary((b"a", b"b", b"<eos>"), eos_token_ids=frozenset({2}))
+        >>> Pipeline([Regex("ab")], vocab)(torch.zeros(1, 3), torch.tensor([[0]]))
+        tensor([[0., -inf, -inf]])
+    """
+
+    spec_name = "regex"
+
+    def __init__(self, pattern: str) -> None:
+        if not isinstance(pattern, str):
+            raise ValueError(f"pattern must be a string, got {pattern!r}")
+        self.pattern = pattern
+        self._set_grammar(_llguidance().LLMatcher.grammar_from_regex(pattern), f"regex {pattern!r}")
+
+    def config(self) -> dict[str, Any]:
+        return {"pattern": self.pattern}
+
+
+class JSONSchema(_Grammar):
+    """Generated text is JSON valid under ``schema``.
+
+    Args:
+        schema: a JSON schema as a dict, its JSON text, or a pydantic model class.
+        flexible_whitespace: allow any JSON whitespace between tokens; by default the
+            output is laid out like ``json.dumps`` (``", "`` and ``": "``), which keeps a
+            model from spending its tokens on whitespace.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import JSONSchema, Pipeline, Vocabulary
+        >>> vocab = Vocabulary((b"1", b"x", b"<eos>"), eos_token_ids=frozenset({2}))
+        >>> processor = JSONSchema({"type": "integer"})
+        >>> Pipeline([processor], vocab)(torch.zeros(1, 3), torch.tensor([[0]]))
+        tensor([[0., -inf, -inf]])
+    """
+
+    spec_name = "json_schema"
+
+    def __init__(
+        self, schema: dict[str, Any] | str | type, flexible_whitespace: bool = False
+    ) -> None:
+        if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()
+        elif isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"schema is not valid JSON: {error}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError(
+                f"schema must be a dict, its JSON text or a pydantic model class, got {schema!r}"
+            )
+        if not isinstance(flexible_whitespace, bool):
+            raise ValueError(f"flexible_whitespace must be a bool, got {flexible_whitespace!r}")
+        self.schema = schema
+        self.flexible_whitespace = flexible_whitespace
+        layout = {"whitespace_flexible": flexible_whitespace}
+        if not flexible_whitespace:
+            layout.update(item_separator=", ", key_separator=": ")
+        try:
+            grammar = _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=layout)
+        except ValueError as error:
+            raise ValueError(f"JSONSchema: schema is not usable: {error}") from None
+        self._set_grammar(grammar, "the JSON schema")
+
+    def config(self) -> dict[str, Any]:
+        return {"schema": self.schema, "flexible_whitespace": self.flexible_whitespace}
+
+
+class Choice(_Grammar):
+    """Generated text is exactly one of ``choices``.
+
+    Args:
+        choices: the allowed outputs (non-empty list of distinct strings).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Choice, Pipeline, Vocabulary
+        >>> vocab = Vocabulary((b"yes", b"no", b"<eos>"), eos_token_ids=frozenset({2}))
+        >>> Pipeline([Choice(["no"])], vocab)(torch.zeros(1, 3), torch.tensor([[0]]))
+        tensor([[-inf, 0., -inf]])
+    """
+
+    spec_name = "choice"
+
+    def __init__(self, choices: list[str]) -> None:
+        if (
+            not isinstance(choices, (list, tuple))
+            or not choices
+            or not all(isinstance(c, str) for c in choices)
+        ):
+            raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
+        if len(set(choices)) != len(choices):
+            raise ValueError(f"choices holds duplicates: {choices!r}")
+        self.choices = list(choices)
+        alternatives = " | ".join(json.dumps(choice) for choice in self.choices)
+        self._set_grammar(
+            _llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}"), "the choices"
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {"choices": list(self.choices)}
+
+
+class Grammar(_Grammar):
+    """Generated text is derived from a context-free grammar.
+
+    Args:
+        grammar: the grammar text; the start rule is ``start`` (Lark) or ``root`` (GBNF).
+        syntax: ``"lark"`` (llguidance's Lark dialect) or ``"gbnf"`` (llama.cpp grammars).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Grammar, Pipeline, Vocabulary
+        >>> vocab = Vocabulary((b"a", b"b", b"<eos>"), eos_token_ids=frozenset({2}))
+        >>> processor = Grammar('root ::= "b"+', syntax="gbnf")
+        >>> Pipeline([processor], vocab)(torch.zeros(1, 3), torch.tensor([[0]]))
+        tensor([[-inf, 0., -inf]])
+    """
+
+    spec_name = "grammar"
+
+    def __init__(self, grammar: str, syntax: str = "lark") -> None:
+        if not isinstance(grammar, str):
+            raise ValueError(f"grammar must be a string, got {grammar!r}")
+        if syntax not in ("lark", "gbnf"):
+            raise ValueError(f"syntax must be 'lark' or 'gbnf', got {syntax!r}")
+        self.text = grammar
+        self.syntax = syntax
+        llguidance = _llguidance()
+        try:
+            compiled = llguidance.grammar_from(syntax, grammar)
+        except ValueError as error:
+            raise ValueError(f"Grammar: the {syntax} grammar does not convert: {error}") from None
+        self._set_grammar(compiled, f"the {syntax} grammar")
+
+    def config(self) -> dict[str, Any]:
+        return {"grammar": self.text, "syntax": self.syntax}

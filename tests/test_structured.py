@@ -1,0 +1,188 @@
+"""Structured processors on a synthetic vocabulary: the bitmask apply, EOS exactly when
+the grammar accepts, sequences forked and rolled back, errors before generation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+llguidance = pytest.importorskip("llguidance")
+
+from anylogits import (  # noqa: E402
+    Choice,
+    Grammar,
+    JSONSchema,
+    Pipeline,
+    Regex,
+    Vocabulary,
+    from_spec,
+)
+from anylogits.processors._grammar_engine import (  # noqa: E402
+    ENGINE,
+    _VocabularyTokenizer,
+    apply_bitmask,
+)
+
+PIECES = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
+EOS = len(PIECES)
+VOCAB = Vocabulary(
+    tokens=(*(p.encode() for p in PIECES), b"<eos>"),
+    eos_token_ids=frozenset({EOS}),
+    special_token_ids=frozenset({EOS}),
+)
+IDS = {piece: index for index, piece in enumerate(PIECES)}
+
+
+def allowed(processor: object, generated: list[list[int]], width: int = EOS + 1) -> list[set]:
+    """The ids each row may take next, after a prompt ``[0]`` and ``generated`` ids."""
+    pipeline = Pipeline([processor], VOCAB)  # type: ignore[list-item]
+    pipeline(torch.zeros(len(generated), width), torch.zeros(len(generated), 1, dtype=torch.long))
+    longest = max(map(len, generated))
+    ids = torch.zeros(len(generated), 1 + longest, dtype=torch.long)
+    lengths = torch.tensor([1 + len(g) for g in generated])
+    for row, tokens in enumerate(generated):
+        if tokens:
+            ids[row, -len(tokens) :] = torch.tensor(tokens)
+    out = pipeline(torch.zeros(len(generated), width), ids, lengths=lengths)
+    return [set(torch.nonzero(row > float("-inf")).flatten().tolist()) for row in out]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 5),
+    words=st.integers(1, 6),
+    width_extra=st.integers(0, 40),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_bitmask_apply_equals_bit_by_bit(
+    batch: int, words: int, width_extra: int, dtype: torch.dtype, seed: int
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, words), generator=generator).int()
+    width = max(1, 32 * words - 31 + width_extra)
+    logits = torch.randn(batch, width, generator=generator).to(dtype)
+    expected = logits.clone()
+    for row in range(batch):
+        for token in range(width):
+            word, bit = divmod(token, 32)
+            if word >= words or not (int(bitmask[row, word]) >> bit) & 1:
+                expected[row, token] = float("-inf")
+    assert torch.equal(apply_bitmask(logits.clone(), bitmask), expected)
+
+
+def test_eos_is_allowed_exactly_when_the_regex_accepts() -> None:
+    a, b, c, ab = IDS["a"], IDS["b"], IDS["c"], IDS["ab"]
+    start, after_a, done = allowed(Regex("a[bc]"), [[], [a], [ab]])
+    assert start == {a, ab}
+    assert after_a == {b, c}
+    assert done == {EOS}
+    (optional_tail,) = allowed(Regex("a(b)?"), [[a]])
+    assert optional_tail == {b, EOS}
+    # A fully forced literal is spelled with its canonical token only (llguidance).
+    (forced,) = allowed(Regex("ab"), [[]])
+    assert forced == {ab}
+
+
+def test_rows_forked_reordered_and_rolled_back_keep_their_own_matchers() -> None:
+    processor = Regex("[0-9]{2}c")
+    pipeline = Pipeline([processor], VOCAB)
+    one, two, c = IDS["1"], IDS["2"], IDS["c"]
+    calls = [
+        [[0]],  # prompt
+        [[0, one]],
+        [[0, one, two], [0, one, one]],  # forked (beam search)
+        [[0, one, one], [0, one, two]],  # reordered
+        [[0, one]],  # rolled back (rejected draft tokens)
+        [[0, one, two, c]],
+    ]
+    expected = [
+        {IDS[d] for d in "0123456789"} | {IDS["12"]},
+        {IDS[d] for d in "0123456789"},
+        {c},
+        {c},
+        {IDS[d] for d in "0123456789"},
+        {EOS},
+    ]
+    for rows, want in zip(calls, expected, strict=True):
+        out = pipeline(torch.zeros(len(rows), EOS + 1), torch.tensor(rows))
+        for row in out:
+            assert set(torch.nonzero(row > float("-inf")).flatten().tolist()) == want
+
+
+def test_json_schema_masks_follow_a_valid_instance_and_end_with_eos() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    text = json.dumps({"a": 12})  # the default layout: ", " and ": "
+    tokens = _VocabularyTokenizer(VOCAB)(text)  # longest pieces first, as forced text is
+    assert len(tokens) < len(text)
+    rows = allowed(JSONSchema(schema), [tokens[:k] for k in range(len(tokens) + 1)])
+    for k, row in enumerate(rows[:-1]):
+        assert tokens[k] in row, (k, tokens[k])
+        assert EOS not in row
+    assert rows[-1] == {EOS}
+
+
+def test_ids_beyond_the_vocabulary_are_masked() -> None:
+    (row,) = allowed(Choice(["c"]), [[]], width=EOS + 1 + 70)
+    assert row == {IDS["c"]}
+
+
+def test_a_token_outside_the_grammar_ends_the_sequence() -> None:
+    (row,) = allowed(Regex("a[bc]"), [[IDS["c"]]])
+    assert row == {EOS}
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Regex("(ab"), "regex '\\(ab' does not compile"),
+        (lambda: JSONSchema({"type": "object", "not": {}}), "not"),
+        (lambda: JSONSchema("{"), "schema is not valid JSON"),
+        (lambda: JSONSchema(3), "schema must be a dict"),
+        (lambda: Grammar("start: foo"), "lark grammar does not compile"),
+        (lambda: Grammar("root ::= missing", syntax="gbnf"), "gbnf grammar"),
+        (lambda: Grammar("start: 'a'", syntax="ebnf"), "syntax must be 'lark' or 'gbnf'"),
+        (lambda: Choice([]), "non-empty list"),
+        (lambda: Choice(["a", "a"]), "duplicates"),
+    ],
+)
+def test_bad_input_is_rejected_at_construction(build: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()  # type: ignore[operator]
+
+
+def test_a_processor_without_vocabulary_says_what_to_pass() -> None:
+    with pytest.raises(ValueError, match="needs the model's vocabulary"):
+        Pipeline([Regex("a")])(torch.zeros(1, 4), torch.tensor([[0]]))
+
+
+def test_specs_round_trip_and_pydantic_models_become_schemas() -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Point(pydantic.BaseModel):
+        x: int
+        y: int
+
+    processors = [
+        Regex("a+"),
+        JSONSchema(Point),
+        JSONSchema('{"type": "boolean"}', flexible_whitespace=True),
+        Choice(["yes", "no"]),
+        Grammar('root ::= "a" | "b"', syntax="gbnf"),
+    ]
+    for processor in processors:
+        spec = processor.to_spec()
+        assert json.loads(json.dumps(spec)) == spec
+        assert from_spec(spec).to_spec() == spec
+    assert processors[1].schema["required"] == ["x", "y"]
+
+
+def test_compiled_grammars_are_cached_per_vocabulary() -> None:
+    first = ENGINE.start(Regex("a").grammar, VOCAB)
+    second = ENGINE.start(Regex("a").grammar, VOCAB)
+    assert first is not second  # each sequence gets its own matcher
+    assert ENGINE.tokenizer(VOCAB) is ENGINE.tokenizer(VOCAB)
