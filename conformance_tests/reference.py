@@ -7,11 +7,29 @@ from typing import Any
 
 import torch
 
-from anylogits import LogitBias, LogitsProcessor, NoRepeatNGram, RepetitionPenalty, SuppressTokens
+from anylogits import (
+    JSONSchema,
+    LogitBias,
+    LogitsProcessor,
+    NoRepeatNGram,
+    Regex,
+    RepetitionPenalty,
+    SuppressTokens,
+)
 from anylogits.testing.probes import GeneratedHashBias
 
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # a prompt where penalties change greedy output
 NEW_TOKENS = 16
+
+SMALL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tag": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["id", "tag"],
+    "additionalProperties": False,
+}
 
 # Processors every engine must apply with the same greedy tokens as transformers, built
 # from the engine's unprocessed greedy output (so that each one changes it).
@@ -21,6 +39,10 @@ CROSS_ENGINE_CASES: dict[str, Callable[[list[int]], list[LogitsProcessor]]] = {
     "suppress_tokens": lambda plain: [SuppressTokens(sorted(set(plain[:4])))],
     "logit_bias": lambda plain: [LogitBias({plain[-1]: 4.0})],
     "stateful_probe": lambda plain: [GeneratedHashBias(12.0)],
+    # Structured: the same grammar over each engine's own vocabulary (llama.cpp reads its
+    # pieces from the GGUF file) must pick the same tokens.
+    "json_schema": lambda plain: [JSONSchema(SMALL_SCHEMA)],
+    "regex": lambda plain: [Regex(r"[a-z]{2,5}-[0-9]{2}( [a-z]{1,4})?")],
 }
 
 
