@@ -42,6 +42,8 @@ def _param_names(key: str) -> list[str]:
         "SequenceLengthScaling": ["target", "length", "batch"],
         "VllmStep": ["processor", "implementation", "batch"],
         "VllmOverAdapter": ["processor", "implementation", "batch"],
+        "StructuredPerToken": ["batch"],
+        "SchemaCompile": [],
     }[key.split(".")[-2]]
 
 
@@ -107,6 +109,18 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
     (
         "6. vLLM step: ours / vLLM's AdapterLogitsProcessor (per-row loop), same run",
         "bench_vllm.VllmOverAdapter.track_ours_over_adapter",
+        None,
+        None,
+    ),
+    (
+        "7. structured, V=128k: ours / llguidance direct per token (target 1.25 B=1, 1.5 B=32)",
+        "bench_structured.StructuredPerToken.track_ours_over_direct",
+        None,
+        None,
+    ),
+    (
+        "8. structured: ms to compile + bind one MaskBench schema",
+        "bench_structured.SchemaCompile.track_compile_ms_per_schema",
         None,
         None,
     ),

@@ -74,3 +74,14 @@ def test_vllm_step_benchmarks_run() -> None:
     for implementation in IMPLEMENTATIONS:
         run(VllmStep(), "track_step_us", "logit_bias", implementation, 2)
     run(VllmOverAdapter(), "track_ours_over_adapter", "repetition_penalty", "distinct", 2)
+
+
+def test_structured_benchmarks_run() -> None:
+    pytest.importorskip("llguidance")
+    from benchmarks.bench_structured import SchemaCompile, StructuredPerToken
+
+    run(StructuredPerToken(), "track_ours_over_direct", 1)
+    benchmark = SchemaCompile()
+    benchmark.setup()
+    assert benchmark.track_coverage() >= 125
+    assert benchmark.track_compile_ms_per_schema() > 0

@@ -1,0 +1,153 @@
+"""5. Structured generation: per-token cost of ours against llguidance called directly.
+
+Both walk the same valid token path of a real MaskBench schema (Kubernetes kb_118) with
+the llama-bpe vocabulary (V=128,256); every row of the batch follows the path. Direct:
+``fill_next_token_bitmask_par`` + the same bitmask apply + ``consume_token`` per row.
+Ours: the processor in a ``Pipeline`` fed the growing ``(B, L)`` history, the way the
+transformers / llama.cpp / MLX adapters call it (tracker included).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import common  # noqa: F401  (one torch thread, as every benchmark)
+
+SCHEMA_FILE = (
+    Path(__file__).resolve().parents[2]
+    / "conformance_tests"
+    / "data"
+    / "maskbench-sample"
+    / "Kubernetes---kb_118_Normalized.json"
+)
+PATH_TOKENS = 48
+
+
+def _setup() -> tuple[Any, Any, dict, list[int]]:
+    try:
+        import llguidance  # noqa: F401
+        import transformers
+    except ImportError as error:
+        raise NotImplementedError(f"needs transformers and llguidance: {error}") from None
+    from anylogits.core.vocab import hf_vocabulary
+    from anylogits.testing.tiny_model import build_tiny_model
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(build_tiny_model())
+    case = json.loads(SCHEMA_FILE.read_text())
+    instance = next(t["data"] for t in case["tests"] if t["valid"])
+    path = tokenizer.encode(json.dumps(instance), add_special_tokens=False)[:PATH_TOKENS]
+    return tokenizer, hf_vocabulary(tokenizer), case["schema"], path
+
+
+class StructuredPerToken:
+    """Seconds per generated token (median over the path), ours and llguidance direct."""
+
+    params = ([1, 32],)
+    param_names = ["batch"]
+    timeout = 600
+
+    def setup(self, batch: int) -> None:
+        _, self.vocab, self.schema, self.path = _setup()
+        self.batch = batch
+        self.logits = torch.randn(batch, 128_256)
+
+    def ours(self) -> float:
+        from anylogits import JSONSchema, Pipeline
+
+        pipeline = Pipeline([JSONSchema(self.schema)], self.vocab)
+        ids = torch.zeros(self.batch, 1, dtype=torch.long)
+        pipeline(self.logits.clone(), ids)
+        times = []
+        for token in self.path:
+            ids = torch.cat([ids, torch.full((self.batch, 1), token)], 1)
+            logits = self.logits.clone()
+            start = time.perf_counter()
+            pipeline(logits, ids)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    def direct(self) -> float:
+        import llguidance
+        import llguidance.torch as llg_torch
+
+        from anylogits import JSONSchema
+        from anylogits.processors._grammar_engine import ENGINE, apply_bitmask
+
+        grammar = JSONSchema(self.schema).grammar
+        tokenizer = ENGINE.tokenizer(self.vocab)  # type: ignore[attr-defined]
+        matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(self.batch)]
+        executor = llguidance.LLExecutor()
+        bitmask = llg_torch.allocate_token_bitmask(self.batch, tokenizer.vocab_size)
+        rows = list(enumerate(matchers))
+        times = []
+        for token in self.path:
+            logits = self.logits.clone()
+            start = time.perf_counter()
+            llg_torch.fill_next_token_bitmask_par(executor, [(m, i) for i, m in rows], bitmask)
+            apply_bitmask(logits, bitmask)
+            for matcher in matchers:
+                matcher.consume_token(token)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2]
+
+    def track_ours_us(self, batch: int) -> float:
+        return self.ours() * 1e6
+
+    track_ours_us.unit = "us"
+
+    def track_direct_us(self, batch: int) -> float:
+        return self.direct() * 1e6
+
+    track_direct_us.unit = "us"
+
+    def track_ours_over_direct(self, batch: int) -> float:
+        """Target (issue 7): <= 1.25 at B=1, <= 1.5 at B=32."""
+        return self.ours() / self.direct()
+
+    track_ours_over_direct.unit = "ratio"
+
+
+class SchemaCompile:
+    """Seconds to build and bind ``JSONSchema`` for each MaskBench schema that compiles."""
+
+    timeout = 600
+
+    def setup(self) -> None:
+        _, self.vocab, _, _ = _setup()
+        folder = SCHEMA_FILE.parent
+        self.schemas = [json.loads(p.read_text())["schema"] for p in sorted(folder.glob("*.json"))]
+
+    def track_compile_ms_per_schema(self) -> float:
+        from anylogits import JSONSchema
+        from anylogits.processors._grammar_engine import ENGINE
+
+        ENGINE._compiled.clear()  # type: ignore[attr-defined]
+        compiled, start = 0, time.perf_counter()
+        for schema in self.schemas:
+            try:
+                JSONSchema(schema).bind(self.vocab)
+            except ValueError:
+                continue
+            compiled += 1
+        return (time.perf_counter() - start) / compiled * 1e3
+
+    track_compile_ms_per_schema.unit = "ms"
+
+    def track_coverage(self) -> float:
+        from anylogits import JSONSchema
+
+        compiled = 0
+        for schema in self.schemas:
+            try:
+                JSONSchema(schema)
+            except ValueError:
+                continue
+            compiled += 1
+        return float(compiled)
+
+    track_coverage.unit = "schemas"
