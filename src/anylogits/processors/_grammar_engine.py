@@ -59,13 +59,22 @@ class _VocabularyTokenizer:
         self.special_token_ids = sorted(vocab.special_token_ids)
         self._encode = vocab.encode
         self._by_bytes: dict[bytes, int] | None = None
+        self._cache: dict[str | bytes, list[int]] = {}
 
     def __call__(self, text: str | bytes) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        if self._encode is not None:
-            return self._encode(text)
-        return self._greedy(text.encode("utf-8"))
+        # llguidance tokenizes the grammar's forced text (JSON keys, literals) while it
+        # computes masks, again at every sequence: remember the answers.
+        ids = self._cache.get(text)
+        if ids is None:
+            decoded = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+            if self._encode is not None:
+                ids = self._encode(decoded)
+            else:
+                ids = self._greedy(decoded.encode("utf-8"))
+            if len(self._cache) >= 4096:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[text] = ids
+        return list(ids)
 
     def _greedy(self, data: bytes) -> list[int]:
         # Without the model's tokenizer: longest known piece first (valid, not canonical).
