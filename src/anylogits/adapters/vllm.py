@@ -29,9 +29,8 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
-from anylogits.core.pipeline import Pipeline
-from anylogits.core.requests import SPEC_KEY, RequestBatch, request_specs
-from anylogits.core.specs import from_spec, to_specs
+from anylogits.core.requests import SPEC_KEY, RequestBatch, processor_specs, request_specs
+from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
 try:  # the V2 runner's interface (vLLM >= 0.32)
@@ -276,7 +275,6 @@ def for_vllm(*processors: Any, **sampling_kwargs: Any) -> SamplingParams:
         raise ValueError(
             f"extra_args already has an {SPEC_KEY!r} entry; pass the processors to for_vllm instead"
         )
-    specs = to_specs(list(Pipeline(processors).processors))
-    extra_args[SPEC_KEY] = specs
+    extra_args[SPEC_KEY] = processor_specs(*processors)
     request_specs(extra_args)
     return SamplingParams(**sampling_kwargs, extra_args=extra_args)

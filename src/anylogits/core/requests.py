@@ -20,6 +20,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.pipeline import Pipeline
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import check_json_value, from_spec, to_specs
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.core.vocab import Vocabulary
@@ -68,6 +69,19 @@ def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | N
     return specs or None
 
 
+def processor_specs(*processors: Any) -> list[dict[str, Any]]:
+    """The checked specs of ``processors`` (pipelines flattened), in order."""
+    flat: list[Any] = []
+    for processor in processors:
+        if isinstance(processor, Pipeline):
+            flat.extend(processor.processors)
+        elif isinstance(processor, LogitsProcessor):
+            flat.append(processor)
+        else:
+            raise TypeError(f"expected anylogits processors, got {processor!r}")
+    return to_specs(flat)
+
+
 def vllm_xargs(*processors: Any) -> dict[str, str]:
     """The ``vllm_xargs`` payload that asks a vLLM server to run ``processors``.
 
@@ -79,8 +93,7 @@ def vllm_xargs(*processors: Any) -> dict[str, str]:
         >>> vllm_xargs(TopK(5))
         {'anylogits': '[{"type":"top_k","top_k":5,"min_tokens_to_keep":1}]'}
     """
-    specs = to_specs(list(Pipeline(processors).processors))
-    text = json.dumps(specs, separators=(",", ":"))
+    text = json.dumps(processor_specs(*processors), separators=(",", ":"))
     request_specs({SPEC_KEY: text})
     return {SPEC_KEY: text}
 
