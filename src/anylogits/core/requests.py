@@ -382,14 +382,14 @@ class RequestBatch:
         if len(layout) < 2:
             return layout
         by_kinds: dict[tuple[type, ...], list[_RowGroup]] = {}
+        merged_layout: list[_RowGroup] = []  # failed or stateful groups stay as they are
         for row_group in layout:
             pipeline = row_group.group.pipeline
             if pipeline is None or pipeline.tracker is not None:
-                by_kinds[(id(row_group),)] = [row_group]  # type: ignore[dict-item]
+                merged_layout.append(row_group)
                 continue
             kinds = tuple(type(p) for p in pipeline.processors)
             by_kinds.setdefault(kinds, []).append(row_group)
-        merged_layout: list[_RowGroup] = []
         for groups in by_kinds.values():
             merged = self._stacked(groups) if len(groups) > 1 else None
             merged_layout.extend([merged] if merged is not None else groups)

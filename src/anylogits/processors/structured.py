@@ -33,6 +33,7 @@ class _Grammar(StatefulLogitsProcessor[Any]):
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
+        self._mask_shape: tuple[int, list[int]] | None = None
         if vocab is not None:
             ENGINE.start(self.grammar, vocab)  # compile now: errors before generation
 
@@ -57,9 +58,14 @@ class _Grammar(StatefulLogitsProcessor[Any]):
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         matchers = list(batch.states(self))
-        width = ENGINE.tokenizer(self._vocab()).vocab_size  # type: ignore[attr-defined]
-        bitmask = torch.empty(len(matchers), (width + 31) // 32, dtype=torch.int32)
-        ENGINE.fill(matchers, bitmask, sorted(self._vocab().eos_token_ids))
+        if getattr(self, "_mask_shape", None) is None:
+            # Per bound vocabulary, not per call: bitmask words per row and the EOS ids.
+            vocab = self._vocab()
+            width = ENGINE.tokenizer(vocab).vocab_size  # type: ignore[attr-defined]
+            self._mask_shape = ((width + 31) // 32, sorted(vocab.eos_token_ids))
+        words, eos_ids = self._mask_shape  # type: ignore[misc]
+        bitmask = torch.empty(len(matchers), words, dtype=torch.int32)
+        ENGINE.fill(matchers, bitmask, eos_ids)
         return apply_bitmask(logits, bitmask)
 
 
