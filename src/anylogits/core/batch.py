@@ -27,7 +27,8 @@ class Batch:
         token_ids: the ``(B, L)`` int64 history, or a function that builds it on demand.
         lengths: ``(B,)`` number of real tokens per row (or a function building it, called
             with the history); ``None`` means every row is full.
-        prompt_lengths: ``(B,)`` prompt length per row, known when sequences are tracked.
+        prompt_lengths: ``(B,)`` prompt length per row (or a function building it), known
+            when sequences are tracked.
         states: for each stateful processor, its states in row order.
         vocab: the bound vocabulary, if any.
     """
@@ -38,7 +39,7 @@ class Batch:
         token_ids: TokenSource | None = None,
         *,
         lengths: TokenSource | None = None,
-        prompt_lengths: torch.Tensor | None = None,
+        prompt_lengths: TokenSource | None = None,
         states: dict[int, Sequence[Any]] | None = None,
         vocab: Vocabulary | None = None,
     ) -> None:
@@ -83,6 +84,8 @@ class Batch:
     @property
     def prompt_lengths(self) -> torch.Tensor:
         """``(B,)`` prompt length of each row's sequence."""
+        if callable(self._prompt_lengths):
+            self._prompt_lengths = self._prompt_lengths()
         if self._prompt_lengths is None:
             raise RuntimeError(
                 "prompt lengths are only known to processors that set needs_sequences = True"

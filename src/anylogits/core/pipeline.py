@@ -121,12 +121,13 @@ class Pipeline:
             id(processor): [node.states[index] for node in nodes]
             for index, processor in enumerate(self._stateful)
         }
-        prompt_lengths = torch.tensor([node.prompt_length for node in nodes], device=ids.device)
         return Batch(
             size,
             ids,
             lengths=lengths,
-            prompt_lengths=prompt_lengths,
+            prompt_lengths=lambda: torch.tensor(
+                [node.prompt_length for node in nodes], device=ids.device
+            ),
             states=states,
             vocab=self.vocab,
         )

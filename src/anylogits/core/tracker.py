@@ -92,7 +92,7 @@ class SequenceTracker:
         # recognised by one comparison pass, with no hashing at all.
         self._last_tokens = torch.empty(0, 0, dtype=torch.int64)
         self._last_width = 0
-        self._last_hashes = torch.empty(0, 2, dtype=torch.int64)
+        self._last_hashes: list[tuple[int, int]] = []
         self._last_nodes: list[SequenceNode] = []
 
     def __len__(self) -> int:
@@ -123,7 +123,7 @@ class SequenceTracker:
             raise ValueError("token_ids has no columns: a sequence needs at least one token")
         weights = self._position_weights(width)
         if lengths is None and self._extends_last_call(ids):
-            nodes = self._extend_last_call(ids, weights[:, width - 1])
+            nodes = self._extend_last_call(ids)
             self._expire()
             return nodes
         if lengths is None:
@@ -163,7 +163,7 @@ class SequenceTracker:
             self._touch(key, node)
             nodes.append(node)
         if lengths is None:
-            self._remember(ids, full, nodes)
+            self._remember(ids, [(key[0], key[1]) for key in full_keys], nodes)
         else:
             self._last_width = 0
         self._expire()
@@ -179,30 +179,33 @@ class SequenceTracker:
             and torch.equal(ids[:, :previous], self._last_tokens[:, :previous])
         )
 
-    def _extend_last_call(self, ids: torch.Tensor, new_weights: torch.Tensor) -> list[SequenceNode]:
-        """Every row is the same row of the last call plus one token: O(B) work."""
-        last = ids[:, -1]
-        if int(last.max()) >= _MAX_TOKEN_ID or int(last.min()) < 0:
+    def _extend_last_call(self, ids: torch.Tensor) -> list[SequenceNode]:
+        """Every row is the same row of the last call plus one token: O(B) work, in
+        Python ints (a handful of tokens; torch ops cost more than they save here)."""
+        last = ids[:, -1].tolist()
+        if max(last) >= _MAX_TOKEN_ID or min(last) < 0:
             raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
-        full = self._last_hashes + last[:, None] * new_weights
         width = ids.shape[1]
+        first_weight, second_weight = self._weights[:, width - 1].tolist()
         nodes: list[SequenceNode] = []
-        for parent, hashes, token_id in zip(
-            self._last_nodes, full.tolist(), last.tolist(), strict=True
+        hashes: list[tuple[int, int]] = []
+        for parent, (first, second), token_id in zip(
+            self._last_nodes, self._last_hashes, last, strict=True
         ):
-            key = (width, *hashes)
+            key = (width, first + token_id * first_weight, second + token_id * second_weight)
             node = self._nodes.get(key)
             if node is None:
                 node = self._child(parent, token_id)
             self._touch(key, node)
             nodes.append(node)
-        self._remember(ids, full, nodes, appended_only=True)
+            hashes.append(key[1:])
+        self._remember(ids, hashes, nodes, appended_only=True)
         return nodes
 
     def _remember(
         self,
         ids: torch.Tensor,
-        hashes: torch.Tensor,
+        hashes: list[tuple[int, int]],
         nodes: list[SequenceNode],
         *,
         appended_only: bool = False,

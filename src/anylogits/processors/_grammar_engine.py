@@ -26,15 +26,22 @@ class GrammarEngine(Protocol):
     def start(self, grammar: str, vocab: Vocabulary) -> Any:
         """A fresh matcher of ``grammar`` over ``vocab`` (compiled once per pair)."""
 
-    def fork(self, matcher: Any) -> Any:
-        """An independent copy of ``matcher``."""
+    def copy(self, matcher: Any) -> Any:
+        """An independent copy of ``matcher``, rollback history included."""
 
-    def advance(self, matcher: Any, token_id: int) -> None:
-        """Consume ``token_id``; raise ``ValueError`` if the grammar forbids it."""
+    def consume(self, matcher: Any, token_id: int) -> bool:
+        """Consume ``token_id``; ``False`` (matcher unchanged) if the grammar forbids it
+        or the matcher has stopped."""
 
-    def fill(self, matchers: list[Any], bitmask: torch.Tensor, eos_ids: list[int]) -> None:
-        """Write each matcher's allowed-token bitmask into its row of ``bitmask``; a
-        matcher that left the grammar allows only ``eos_ids``."""
+    def rollback(self, matcher: Any, count: int) -> None:
+        """Undo the last ``count`` consumed tokens."""
+
+    def vocab_size(self, vocab: Vocabulary) -> int:
+        """Tokens per bitmask row for ``vocab``."""
+
+    def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        """For each ``(matcher, row)``, write the matcher's allowed tokens into that row
+        of the packed bitmask; a matcher appears at most once."""
 
 
 def _llguidance() -> Any:
@@ -141,40 +148,29 @@ class LLGuidanceEngine:
             self._compiled[key] = template
         return template.deep_copy()
 
-    def fork(self, matcher: Any) -> Any:
+    def copy(self, matcher: Any) -> Any:
         return matcher.deep_copy()
 
-    def advance(self, matcher: Any, token_id: int) -> None:
-        if not (matcher.is_stopped() or matcher.is_error()):
-            # A forbidden token leaves the matcher in its error state (see fill): that
-            # happens to draft tokens of speculative decoding that get rejected anyway.
-            matcher.consume_token(token_id)
+    def consume(self, matcher: Any, token_id: int) -> bool:
+        # try_consume leaves a matcher usable on a forbidden token (consume_token would
+        # put it in its error state, which no rollback undoes).
+        return bool(matcher.try_consume_tokens([token_id]))
 
-    def fill(self, matchers: list[Any], bitmask: torch.Tensor, eos_ids: list[int]) -> None:
+    def rollback(self, matcher: Any, count: int) -> None:
+        if not matcher.rollback(count):
+            error = matcher.get_error()
+            raise RuntimeError(f"llguidance could not roll back {count} tokens: {error}")
+
+    def vocab_size(self, vocab: Vocabulary) -> int:
+        return int(self.tokenizer(vocab).vocab_size)
+
+    def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        if not work:
+            return
         llguidance = _llguidance()
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        # Rows of one sequence (prompt rows, beams not yet apart) share a matcher, which
-        # the executor may borrow only once: fill each matcher once, then copy its row.
-        first_row: dict[int, int] = {}
-        for row, matcher in enumerate(matchers):
-            first_row.setdefault(id(matcher), row)
-        unique = [(matchers[row], row) for row in first_row.values()]
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, unique, bitmask)
-        if len(unique) < len(matchers):
-            sources = torch.tensor([first_row[id(m)] for m in matchers])
-            bitmask.copy_(bitmask.index_select(0, sources))
-        for row, matcher in enumerate(matchers):
-            if matcher.is_error():
-                # A sequence that left the grammar is ended.
-                bitmask[row] = 0
-                for eos in eos_ids:
-                    bitmask[row, eos // 32] |= _bit(eos % 32)
-
-
-def _bit(position: int) -> int:
-    """The int32 value with only bit ``position`` set (bit 31 is negative)."""
-    return -(1 << 31) if position == 31 else 1 << position
+        llguidance.torch.fill_next_token_bitmask_par(self._executor, work, bitmask)
 
 
 ENGINE: GrammarEngine = LLGuidanceEngine()
@@ -193,6 +189,14 @@ def _byte_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         table = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
         table = _BYTE_BIASES[(device, dtype)] = table.to(device)
     return table
+
+
+def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
+    """The packed int32 bitmask of a bool ``(..., 32 k)`` tensor: bit ``j`` of word ``w``
+    is element ``32 w + j``."""
+    words = allowed.reshape(*allowed.shape[:-1], -1, 32).long() << torch.arange(32)
+    packed = words.sum(-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

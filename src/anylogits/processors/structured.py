@@ -16,13 +16,12 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._grammar_engine import ENGINE, _llguidance, apply_bitmask
+from anylogits.processors._grammar_engine import ENGINE, _llguidance, apply_bitmask, pack_bits
+from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
 
 
-class _Grammar(StatefulLogitsProcessor[Any]):
-    """A processor whose state is a grammar matcher over the generated tokens."""
-
-    mutable_state = True
+class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
+    """A processor whose state is a cursor on a grammar matcher's token line."""
 
     def _set_grammar(self, grammar: str, what: str) -> None:
         try:
@@ -33,9 +32,15 @@ class _Grammar(StatefulLogitsProcessor[Any]):
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
-        self._mask_shape: tuple[int, list[int]] | None = None
+        self._bitmask = torch.empty(0, 0, dtype=torch.int32)
         if vocab is not None:
             ENGINE.start(self.grammar, vocab)  # compile now: errors before generation
+            words = (ENGINE.vocab_size(vocab) + 31) // 32
+            self._bitmask = torch.empty(0, words, dtype=torch.int32)
+            # The row of a sequence that left the grammar: EOS only.
+            self._ended_row = torch.zeros(words * 32, dtype=torch.bool)
+            self._ended_row[sorted(vocab.eos_token_ids)] = True
+            self._ended_row = pack_bits(self._ended_row)
 
     def _vocab(self) -> Vocabulary:
         if self.vocab is None:
@@ -45,27 +50,21 @@ class _Grammar(StatefulLogitsProcessor[Any]):
             )
         return self.vocab
 
-    def init_state(self, prompt_ids: torch.Tensor) -> Any:
+    def init_state(self, prompt_ids: torch.Tensor) -> GrammarCursor:
         # The constraint applies to generated tokens only.
-        return ENGINE.start(self.grammar, self._vocab())
+        return GrammarCursor.start(ENGINE, ENGINE.start(self.grammar, self._vocab()))
 
-    def advance(self, state: Any, token_id: int) -> Any:
-        ENGINE.advance(state, token_id)
-        return state
-
-    def fork(self, state: Any) -> Any:
-        return ENGINE.fork(state)
+    def advance(self, state: GrammarCursor, token_id: int) -> GrammarCursor:
+        return state.advance(token_id)
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        matchers = list(batch.states(self))
-        if getattr(self, "_mask_shape", None) is None:
-            # Per bound vocabulary, not per call: bitmask words per row and the EOS ids.
-            vocab = self._vocab()
-            width = ENGINE.tokenizer(vocab).vocab_size  # type: ignore[attr-defined]
-            self._mask_shape = ((width + 31) // 32, sorted(vocab.eos_token_ids))
-        words, eos_ids = self._mask_shape  # type: ignore[misc]
-        bitmask = torch.empty(len(matchers), words, dtype=torch.int32)
-        ENGINE.fill(matchers, bitmask, eos_ids)
+        cursors = list(batch.states(self))
+        self._vocab()
+        if self._bitmask.shape[0] < len(cursors):
+            # Reused across calls: every row is written by each fill.
+            self._bitmask = torch.empty(len(cursors), self._bitmask.shape[1], dtype=torch.int32)
+        bitmask = self._bitmask[: len(cursors)]
+        fill_bitmask(ENGINE, cursors, bitmask, self._ended_row)
         return apply_bitmask(logits, bitmask)
 
 

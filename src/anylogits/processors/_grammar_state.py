@@ -1,0 +1,129 @@
+"""Per-sequence grammar state: cursors on shared, append-only token lines.
+
+A tracker (or vLLM's request table) keeps one state per token prefix it has seen: every
+beam, every draft position, every committed token. A matcher copy per prefix would cost
+a copy and a slower consume per token and row. Instead, prefixes that extend one
+another share one matcher, and a :class:`GrammarCursor` says how deep into that shared
+history a state is. The matcher is moved to a cursor's depth only when a mask is
+needed: forward by consuming the line's tokens, backward with the matcher's own
+rollback (this is how rejected draft tokens are undone). A cursor that leaves its line
+(a second beam, the token that replaced a rejected draft) starts a new line from a copy
+rolled back to the branch point. Lines only ever grow, so every cursor stays valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from anylogits.processors._grammar_engine import GrammarEngine
+
+
+class MatcherLine:
+    """One matcher and the tokens it may be moved along."""
+
+    __slots__ = ("end", "engine", "matcher", "position", "tokens")
+
+    def __init__(self, engine: GrammarEngine, matcher: Any, tokens: list[int]) -> None:
+        self.engine = engine
+        self.matcher = matcher
+        self.tokens = tokens
+        self.position = 0  # the matcher has consumed tokens[:position]
+        # tokens[end] was refused: the prefix left the grammar there, or the matcher had
+        # stopped (a finished row's padding). Either way the sequence is over.
+        self.end: int | None = None
+
+    def matcher_at(self, depth: int) -> Any | None:
+        """The matcher after ``tokens[:depth]``; ``None`` once that prefix is over."""
+        if self.end is not None and depth > self.end:
+            return None
+        engine, matcher = self.engine, self.matcher
+        while self.position < depth:
+            if not engine.consume(matcher, self.tokens[self.position]):
+                self.end = self.position
+                return None
+            self.position += 1
+        if self.position > depth:
+            engine.rollback(matcher, self.position - depth)
+            self.position = depth
+        return matcher
+
+    def branch(self, depth: int) -> MatcherLine:
+        """A new line holding ``tokens[:depth]``, from a copy of this line's matcher."""
+        line = MatcherLine(self.engine, self.engine.copy(self.matcher), self.tokens[:depth])
+        line.position = self.position
+        if self.end is not None and self.end < depth:
+            line.end = self.end
+        if line.position > depth:
+            self.engine.rollback(line.matcher, line.position - depth)
+            line.position = depth
+        return line
+
+
+class GrammarCursor:
+    """An immutable grammar state: the first ``depth`` tokens of ``line``."""
+
+    __slots__ = ("depth", "line")
+
+    def __init__(self, line: MatcherLine, depth: int) -> None:
+        self.line = line
+        self.depth = depth
+
+    @classmethod
+    def start(cls, engine: GrammarEngine, matcher: Any) -> GrammarCursor:
+        return cls(MatcherLine(engine, matcher, []), 0)
+
+    def advance(self, token_id: int) -> GrammarCursor:
+        line, depth = self.line, self.depth
+        if depth == len(line.tokens):
+            line.tokens.append(token_id)
+        elif line.tokens[depth] != token_id:
+            line = line.branch(depth)
+            line.tokens.append(token_id)
+        return GrammarCursor(line, depth + 1)
+
+    def matcher(self) -> Any | None:
+        """The matcher in this state (moved there); ``None`` if it left the grammar."""
+        return self.line.matcher_at(self.depth)
+
+
+def fill_bitmask(
+    engine: GrammarEngine,
+    cursors: list[GrammarCursor],
+    bitmask: torch.Tensor,
+    ended_row: torch.Tensor,
+) -> None:
+    """Write each cursor's allowed tokens into its row of ``bitmask``.
+
+    A line's matcher can be at one depth at a time, so the distinct depths of each line
+    (draft positions of one request) are filled in rounds, shallowest first, every
+    line's matcher in parallel within a round. Rows in the same state are filled once
+    and copied; rows whose sequence is over (a refused token) get ``ended_row`` (EOS only).
+    """
+    lines: dict[int, tuple[MatcherLine, dict[int, list[int]]]] = {}
+    for row, cursor in enumerate(cursors):
+        entry = lines.get(id(cursor.line))
+        if entry is None:
+            entry = lines[id(cursor.line)] = (cursor.line, {})
+        entry[1].setdefault(cursor.depth, []).append(row)
+    rounds: list[list[tuple[MatcherLine, int, list[int]]]] = []
+    for line, rows_by_depth in lines.values():
+        for index, depth in enumerate(sorted(rows_by_depth)):
+            if index == len(rounds):
+                rounds.append([])
+            rounds[index].append((line, depth, rows_by_depth[depth]))
+    copies: list[tuple[int, int]] = []
+    for work in rounds:
+        filled = []
+        for line, depth, rows in work:
+            matcher = line.matcher_at(depth)
+            if matcher is None:
+                bitmask[rows] = ended_row
+                continue
+            filled.append((matcher, rows[0]))
+            copies.extend((row, rows[0]) for row in rows[1:])
+        engine.fill(filled, bitmask)
+    if copies:
+        targets, sources = zip(*copies, strict=True)
+        bitmask[list(targets)] = bitmask[list(sources)]
