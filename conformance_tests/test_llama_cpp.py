@@ -9,14 +9,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 llama_cpp = pytest.importorskip("llama_cpp")
 transformers = pytest.importorskip("transformers")
 
 from anylogits import (  # noqa: E402
+    JSONSchema,
     LogitBias,
     LogitsProcessor,
     MinNewTokens,
+    Regex,
     SuppressTokens,
     Vocabulary,
     for_llama_cpp,
@@ -32,6 +36,19 @@ from conformance_tests.reference import (  # noqa: E402
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
     hf_greedy,
+)
+from conformance_tests.structured_cases import (  # noqa: E402
+    BATCHES,
+    GENERATION,
+    JSON_TOKENS,
+    PROMPTS,
+    REGEX_TOKENS,
+    REGEXES,
+    SCHEMAS,
+    Generated,
+    check_json,
+    check_regex,
+    generated,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
@@ -64,10 +81,13 @@ def prompt_ids(llm: Any, text: str) -> list[int]:
     return llm.tokenize(text.encode(), add_bos=True, special=False)
 
 
-def llama_generate(llm: Any, prompt: list[int], hook: Any = None, n: int = NEW_TOKENS) -> list[int]:
-    """Greedy token ids from llama.cpp's own generate loop."""
+def llama_generate(
+    llm: Any, prompt: list[int], hook: Any = None, n: int = NEW_TOKENS, **sampling: Any
+) -> list[int]:
+    """Token ids from llama.cpp's own generate loop (greedy unless ``sampling`` says)."""
     tokens: list[int] = []
-    for token in llm.generate(prompt, temp=0.0, repeat_penalty=1.0, logits_processor=hook):
+    options = {"temp": 0.0, "repeat_penalty": 1.0, **sampling}
+    for token in llm.generate(prompt, logits_processor=hook, **options):
         tokens.append(token)
         if len(tokens) == n or llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
             break
@@ -264,3 +284,35 @@ def test_a_resumed_completion_continues_the_stateful_state(llm: Any) -> None:
 def test_for_llama_cpp_rejects_a_model_of_the_wrong_type() -> None:
     with pytest.raises(ValueError, match=r"model must be a llama_cpp\.Llama"):
         for_llama_cpp(SuppressTokens([0]), model="model.gguf")
+
+
+# -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------
+
+
+def structured_outputs(
+    llm: Any, processor: LogitsProcessor, batch: int, sample: bool, n: int
+) -> list[Generated]:
+    """``batch`` sequences through one hook; llama.cpp runs one sequence at a time."""
+    hook = for_llama_cpp(processor, model=llm)
+    eos = vocabulary_of(llm).eos_token_ids
+    sampling = {"temp": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if sample else {}
+    outputs = []
+    for row in range(batch):
+        llm.set_seed(row)
+        prompt = prompt_ids(llm, PROMPTS[row % len(PROMPTS)])
+        outputs.append(generated(llama_generate(llm, prompt, hook, n, **sampling), eos))
+    return outputs
+
+
+@GENERATION
+@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
+def test_generated_json_validates(llm: Any, schema: dict, batch: int, sample: bool) -> None:
+    outputs = structured_outputs(llm, JSONSchema(schema), batch, sample, JSON_TOKENS)
+    check_json(outputs, schema, vocabulary_of(llm))
+
+
+@GENERATION
+@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
+def test_generated_text_matches_the_regex(llm: Any, pattern: str, batch: int, sample: bool) -> None:
+    outputs = structured_outputs(llm, Regex(pattern), batch, sample, REGEX_TOKENS)
+    check_regex(outputs, pattern, vocabulary_of(llm))

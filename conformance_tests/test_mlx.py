@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 mx = pytest.importorskip("mlx.core")
 mlx_lm = pytest.importorskip("mlx_lm")
@@ -21,19 +23,23 @@ from mlx_lm.sample_utils import (  # noqa: E402
     apply_top_k,
     apply_top_p,
     make_logits_processors,
+    make_sampler,
 )
 
 from anylogits import (  # noqa: E402
+    JSONSchema,
     LogitBias,
     MinNewTokens,
     MinP,
     Pipeline,
+    Regex,
     RepetitionPenalty,
     SuppressTokens,
     TopK,
     TopP,
     for_mlx,
 )
+from anylogits.core.vocab import hf_vocabulary  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
@@ -43,6 +49,19 @@ from conformance_tests.reference import (  # noqa: E402
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
     hf_greedy,
+)
+from conformance_tests.structured_cases import (  # noqa: E402
+    BATCHES,
+    GENERATION,
+    JSON_TOKENS,
+    PROMPTS,
+    REGEX_TOKENS,
+    REGEXES,
+    SCHEMAS,
+    Generated,
+    check_json,
+    check_regex,
+    generated,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
@@ -59,11 +78,15 @@ def hf(hf_reference: tuple[Any, Any]) -> tuple[Any, Any]:
 
 
 def mlx_greedy(
-    model: Any, prompt: list[int], processors: Any = None, n: int = NEW_TOKENS
+    model: Any, prompt: list[int], processors: Any = None, n: int = NEW_TOKENS, sampler: Any = None
 ) -> list[int]:
+    """``n`` tokens of ``generate_step`` (greedy unless ``sampler``); it does not stop at EOS."""
     tokens = []
+    steps = generate_step(
+        mx.array(prompt), model, max_tokens=n, logits_processors=processors, sampler=sampler
+    )
     for (token, _), _ in zip(
-        generate_step(mx.array(prompt), model, max_tokens=n, logits_processors=processors),
+        steps,
         range(n),
         strict=False,
     ):
@@ -259,3 +282,47 @@ def test_min_p_keeps_the_same_tokens_as_apply_min_p(seed: int, p: float) -> None
     expected = _kept(np.array(apply_min_p(logprobs, p)))
     assert len(expected) < logits.shape[-1]
     assert _kept(ours(MinP(p), logits, [0])) == expected
+
+
+# -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------
+
+
+def structured_outputs(
+    loaded: tuple[Any, Any], processor: Any, batch: int, sample: bool, n: int
+) -> list[Generated]:
+    """One sequence through ``generate_step``; eight through ``batch_generate``."""
+    model, tokenizer = loaded
+    hooks = for_mlx(processor, tokenizer=tokenizer)
+    sampler = make_sampler(temp=1.0) if sample else None
+    mx.random.seed(0)
+    prompts = [tokenizer.encode(PROMPTS[row % len(PROMPTS)]) for row in range(batch)]
+    if batch == 1:
+        tokens = mlx_greedy(model, prompts[0], hooks, n, sampler=sampler)
+        return [generated(tokens, set(tokenizer.eos_token_ids))]
+    result = batch_generate(
+        model,
+        tokenizer,
+        prompts,
+        max_tokens=n,
+        return_token_ids=True,
+        logits_processors=hooks,
+        sampler=sampler,
+    )
+    # batch_generate leaves out the EOS that finished a sequence.
+    return [Generated(list(ids), len(ids) < n) for ids in result.token_ids]
+
+
+@GENERATION
+@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
+def test_generated_json_validates(loaded: Any, schema: dict, batch: int, sample: bool) -> None:
+    outputs = structured_outputs(loaded, JSONSchema(schema), batch, sample, JSON_TOKENS)
+    check_json(outputs, schema, hf_vocabulary(loaded[1]._tokenizer))
+
+
+@GENERATION
+@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
+def test_generated_text_matches_the_regex(
+    loaded: Any, pattern: str, batch: int, sample: bool
+) -> None:
+    outputs = structured_outputs(loaded, Regex(pattern), batch, sample, REGEX_TOKENS)
+    check_regex(outputs, pattern, hf_vocabulary(loaded[1]._tokenizer))

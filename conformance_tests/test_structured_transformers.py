@@ -7,7 +7,6 @@ token by token and invalid ones rejected."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,56 +17,29 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from anylogits import JSONSchema, Regex, for_transformers  # noqa: E402
 from anylogits.core.vocab import hf_vocabulary  # noqa: E402
 from anylogits.processors._grammar_engine import ENGINE  # noqa: E402
+from conformance_tests.structured_cases import (  # noqa: E402
+    BATCHES,
+    GENERATION,
+    JSON_TOKENS,
+    PROMPTS,
+    REGEX_TOKENS,
+    REGEXES,
+    SCHEMAS,
+    check_json,
+    check_regex,
+    generated,
+    is_valid_prefix,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
 
 MASKBENCH = Path(__file__).parent / "data" / "maskbench-sample"
-PROMPTS = ["Hello", "1 2 3 4 5 6 7 8 9 10 11 12", "The answer is"]
-
-# Families of constraints whose outputs must finish within the token budget: bounded
-# strings and integers, enums, nested objects and arrays.
-SCALARS = st.sampled_from(
-    [
-        {"type": "integer", "minimum": 0, "maximum": 999},
-        {"type": "string", "maxLength": 6},
-        {"type": "boolean"},
-        {"enum": ["red", "green", 7]},
-        {"type": "string", "pattern": "^[a-z]{2,4}$"},
-        {"type": "number", "enum": [1.5, -2, 0.25]},
-    ]
-)
-SCHEMAS = st.recursive(
-    SCALARS,
-    lambda inner: st.one_of(
-        st.dictionaries(
-            st.sampled_from(["id", "name", "tags", "ok"]), inner, min_size=1, max_size=3
-        ).map(
-            lambda props: {
-                "type": "object",
-                "properties": props,
-                "required": sorted(props),
-                "additionalProperties": False,
-            }
-        ),
-        inner.map(lambda item: {"type": "array", "items": item, "maxItems": 3}),
-    ),
-    max_leaves=4,
-)
-REGEXES = st.sampled_from(
-    [
-        r"[a-z]{3}-[0-9]{2}",
-        r"(yes|no|maybe)",
-        r"[0-9]{1,3}(\.[0-9]{1,2})?",
-        r"\([a-c]{0,5}\)",
-        r"[A-Z][a-z]{1,6} [A-Z][a-z]{1,6}",
-    ]
-)
 
 
 @pytest.fixture(scope="module")
@@ -103,40 +75,30 @@ def finished_text(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids[:-1])
 
 
-def is_valid_prefix(processor: Any, vocab: Any, ids: list[int]) -> bool:
-    matcher = ENGINE.start(processor.grammar, vocab)
-    return matcher.try_consume_tokens(ids) == len(ids)
-
-
-GENERATION = settings(
-    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+def sampling(sample: bool) -> dict[str, Any]:
+    return {"do_sample": True, "top_k": 0} if sample else {"do_sample": False}
 
 
 @GENERATION
-@given(schema=SCHEMAS, batch=st.sampled_from([1, 8]), sample=st.booleans())
+@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
 def test_generated_json_validates(engine: Any, schema: dict, batch: int, sample: bool) -> None:
     model, tokenizer = engine
-    options = {"do_sample": True, "top_k": 0} if sample else {"do_sample": False}
     torch.manual_seed(0)
-    processor = JSONSchema(schema)
-    for ids in generate(model, tokenizer, processor, batch, n=96, **options):
-        if ids and ids[-1] == tokenizer.eos_token_id:
-            jsonschema.validate(json.loads(finished_text(tokenizer, ids)), schema)
-        else:  # a random model may fill a long string: cut, yet a valid prefix
-            assert is_valid_prefix(processor, hf_vocabulary(tokenizer), ids)
+    outputs = generate(model, tokenizer, JSONSchema(schema), batch, JSON_TOKENS, **sampling(sample))
+    eos = {tokenizer.eos_token_id}
+    check_json([generated(ids, eos) for ids in outputs], schema, hf_vocabulary(tokenizer))
 
 
 @GENERATION
-@given(pattern=REGEXES, batch=st.sampled_from([1, 8]), sample=st.booleans())
+@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
 def test_generated_text_matches_the_regex(
     engine: Any, pattern: str, batch: int, sample: bool
 ) -> None:
     model, tokenizer = engine
-    options = {"do_sample": True, "top_k": 0} if sample else {"do_sample": False}
     torch.manual_seed(1)
-    for ids in generate(model, tokenizer, Regex(pattern), batch, **options):
-        assert re.fullmatch(pattern, finished_text(tokenizer, ids))
+    outputs = generate(model, tokenizer, Regex(pattern), batch, REGEX_TOKENS, **sampling(sample))
+    eos = {tokenizer.eos_token_id}
+    check_regex([generated(ids, eos) for ids in outputs], pattern, hf_vocabulary(tokenizer))
 
 
 def test_unconstrained_output_would_not_validate(engine: Any) -> None:
@@ -179,7 +141,7 @@ def test_beam_search_and_assisted_decoding_satisfy_the_schema(engine: Any, optio
         jsonschema.validate(json.loads(finished_text(tokenizer, ids)), schema)
     for ids in outputs:  # beams cut by max_new_tokens are still valid prefixes
         if ids not in finished:
-            assert is_valid_prefix(processor, hf_vocabulary(tokenizer), ids)
+            assert is_valid_prefix(processor.grammar, hf_vocabulary(tokenizer), ids)
 
 
 def test_output_cut_by_max_new_tokens_is_a_valid_prefix(engine: Any) -> None:
@@ -188,7 +150,7 @@ def test_output_cut_by_max_new_tokens_is_a_valid_prefix(engine: Any) -> None:
     vocab = hf_vocabulary(tokenizer)
     for ids in generate(model, tokenizer, processor, 3, n=6, do_sample=True, top_k=0):
         assert tokenizer.eos_token_id not in ids  # cut, not finished
-        assert is_valid_prefix(processor, vocab, ids)
+        assert is_valid_prefix(processor.grammar, vocab, ids)
 
 
 def _maskbench() -> list[tuple[str, dict]]:
@@ -236,5 +198,5 @@ def test_maskbench_generated_outputs_validate(engine: Any) -> None:
             jsonschema.validate(json.loads(finished_text(tokenizer, ids)), case["schema"])
             validated += 1
         else:  # ran out of tokens: still a valid prefix
-            assert is_valid_prefix(processor, hf_vocabulary(tokenizer), ids), name
+            assert is_valid_prefix(processor.grammar, hf_vocabulary(tokenizer), ids), name
     assert validated >= 10, validated

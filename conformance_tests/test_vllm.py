@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 vllm = pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
@@ -22,11 +24,13 @@ transformers = pytest.importorskip("transformers")
 from vllm import SamplingParams  # noqa: E402
 
 from anylogits import (  # noqa: E402
+    JSONSchema,
     LogitBias,
     LogitsProcessor,
     MinNewTokens,
     MinP,
     NoRepeatNGram,
+    Regex,
     RepetitionPenalty,
     SuppressTokens,
     Temperature,
@@ -35,12 +39,26 @@ from anylogits import (  # noqa: E402
     for_vllm,
 )
 from anylogits.adapters.vllm import AnyLogits  # noqa: E402
+from anylogits.core.vocab import hf_vocabulary  # noqa: E402
 from anylogits.testing.probes import GeneratedHashBias  # noqa: E402
 from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
     hf_greedy,
+)
+from conformance_tests.structured_cases import (  # noqa: E402
+    BATCHES,
+    GENERATION,
+    JSON_TOKENS,
+    PROMPTS,
+    REGEX_TOKENS,
+    REGEXES,
+    SCHEMAS,
+    Generated,
+    check_json,
+    check_regex,
+    generated,
 )
 
 try:  # vLLM 0.32 re-raises validate_params' ValueError as this one (not a ValueError)
@@ -291,3 +309,47 @@ def test_bad_spec_is_rejected_by_generate_and_the_engine_still_runs(
     assert "extra_args['anylogits'][0]" in message and "top_k" in message
     assert greedy(llm, prompt) == plain
     assert greedy(llm, prompt, RepetitionPenalty(1.3)) != plain
+
+
+# -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------
+
+
+def structured_outputs(
+    llm: Any, tokenizer: Any, processor: LogitsProcessor, batch: int, sample: bool, n: int
+) -> list[Generated]:
+    """``batch`` requests in one ``generate`` call, each carrying the processor's spec
+    (more requests than ``max_num_seqs``: rows join as others finish)."""
+    requests = []
+    for row in range(batch):
+        sampling = {"temperature": 1.0, "seed": row} if sample else {"temperature": 0.0}
+        params = for_vllm(processor, max_tokens=n, **sampling)
+        requests.append(({"prompt_token_ids": tokenizer.encode(PROMPTS[row % 3])}, params))
+    outputs = llm.generate(
+        [prompt for prompt, _ in requests], [params for _, params in requests], use_tqdm=False
+    )
+    results = []
+    for output in outputs:
+        completion = output.outputs[0]
+        ids = generated(list(completion.token_ids), {tokenizer.eos_token_id}).ids
+        results.append(Generated(ids, completion.finish_reason == "stop"))
+    return results
+
+
+@GENERATION
+@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
+def test_generated_json_validates(
+    llm: Any, hf: tuple[Any, Any], schema: dict, batch: int, sample: bool
+) -> None:
+    tokenizer = hf[1]
+    outputs = structured_outputs(llm, tokenizer, JSONSchema(schema), batch, sample, JSON_TOKENS)
+    check_json(outputs, schema, hf_vocabulary(tokenizer))
+
+
+@GENERATION
+@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
+def test_generated_text_matches_the_regex(
+    llm: Any, hf: tuple[Any, Any], pattern: str, batch: int, sample: bool
+) -> None:
+    tokenizer = hf[1]
+    outputs = structured_outputs(llm, tokenizer, Regex(pattern), batch, sample, REGEX_TOKENS)
+    check_regex(outputs, pattern, hf_vocabulary(tokenizer))
