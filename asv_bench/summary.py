@@ -119,6 +119,12 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         None,
     ),
     (
+        "7b. structured, V=128k: outlines' JSON-schema processor / ours per token (target >= 5)",
+        "bench_structured.StructuredPerToken.track_outlines_over_ours",
+        "bench_structured.StructuredPerToken.track_ours_us",
+        None,
+    ),
+    (
         "8. structured: ms to compile + bind one MaskBench schema",
         "bench_structured.SchemaCompile.track_compile_ms_per_schema",
         None,

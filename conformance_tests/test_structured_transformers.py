@@ -6,6 +6,7 @@ token by token and invalid ones rejected."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,31 @@ def test_generated_text_matches_the_regex(
     outputs = generate(model, tokenizer, Regex(pattern), batch, REGEX_TOKENS, **sampling(sample))
     eos = {tokenizer.eos_token_id}
     check_regex([generated(ids, eos) for ids in outputs], pattern, hf_vocabulary(tokenizer))
+
+
+def test_a_hook_keeps_its_tokenizer_alive(engine: Any, tiny_model_dir: Any) -> None:
+    # The cached vocabulary holds its tokenizer weakly; llguidance tokenizes forced text
+    # (JSON keys) with it mid-generation, so the hook must keep it.
+    model, tokenizer = engine
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "boolean"}},
+        "required": ["answer"],
+    }
+    hook = for_transformers(
+        JSONSchema(schema), tokenizer=transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    )
+    gc.collect()
+    inputs = tokenizer(PROMPTS[:1], return_tensors="pt")
+    output = model.generate(
+        **inputs,
+        max_new_tokens=12,
+        do_sample=False,
+        logits_processor=transformers.LogitsProcessorList([hook]),
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    ids = output[0, inputs.input_ids.shape[1] :].tolist()
+    jsonschema.validate(json.loads(finished_text(tokenizer, ids)), schema)
 
 
 def test_unconstrained_output_would_not_validate(engine: Any) -> None:

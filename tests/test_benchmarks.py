@@ -3,6 +3,7 @@ ratios. Timings are not judged here: a benchmark is not a test."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -81,6 +82,8 @@ def test_structured_benchmarks_run() -> None:
     from benchmarks.bench_structured import SchemaCompile, StructuredPerToken
 
     run(StructuredPerToken(), "track_ours_over_direct", 1)
+    if importlib.util.find_spec("outlines") is not None:  # the transformers session has it
+        run(StructuredPerToken(), "track_outlines_over_ours", 1)
     benchmark = SchemaCompile()
     benchmark.setup()
     assert benchmark.track_coverage() >= 125

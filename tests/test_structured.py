@@ -155,6 +155,17 @@ def test_bad_input_is_rejected_at_construction(build: object, message: str) -> N
         build()  # type: ignore[operator]
 
 
+def test_an_engine_failure_raises_instead_of_ending_the_sequence() -> None:
+    # llguidance calls the tokenizer back for forced text; here that call fails (as when
+    # the tokenizer a cached vocabulary points to was freed).
+    def broken(text: str) -> list[int]:
+        raise RuntimeError("tokenizer gone")
+
+    vocab = Vocabulary(VOCAB.tokens, eos_token_ids=VOCAB.eos_token_ids, encode=broken)
+    with pytest.raises(RuntimeError, match="tokenizer gone"):
+        Pipeline([Choice(["ab"])], vocab)(torch.zeros(1, EOS + 1), torch.tensor([[0]]))
+
+
 def test_a_processor_without_vocabulary_says_what_to_pass() -> None:
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         Pipeline([Regex("a")])(torch.zeros(1, 4), torch.tensor([[0]]))

@@ -29,10 +29,14 @@ class MlxLogitsProcessor:
 
     Args:
         pipeline: the processors to run.
+        tokenizer: the tokenizer the pipeline's vocabulary came from, kept alive here:
+            the cached vocabulary holds it weakly, and structured processors tokenize
+            forced text with it during generation.
     """
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, tokenizer: Any = None) -> None:
         self.pipeline = pipeline
+        self.tokenizer = tokenizer
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         scores = torch.from_dlpack(logits)
@@ -73,7 +77,7 @@ def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[Mlx
     """
     if not processors:
         raise ValueError("for_mlx needs at least one processor")
-    return [MlxLogitsProcessor(Pipeline(processors, _vocabulary_of(tokenizer)))]
+    return [MlxLogitsProcessor(Pipeline(processors, _vocabulary_of(tokenizer)), tokenizer)]
 
 
 def _vocabulary_of(tokenizer: Any) -> Vocabulary:

@@ -24,10 +24,14 @@ class TransformersLogitsProcessor(_HFLogitsProcessor):
 
     Args:
         pipeline: the processors to run.
+        tokenizer: the tokenizer the pipeline's vocabulary came from, kept alive here:
+            the cached vocabulary holds it weakly, and structured processors tokenize
+            forced text with it during generation.
     """
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, tokenizer: Any = None) -> None:
         self.pipeline = pipeline
+        self.tokenizer = tokenizer
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         # generate keeps `scores` (output_logits=True returns them), so never edit them.
@@ -62,4 +66,4 @@ def for_transformers(
     if not processors:
         raise ValueError("for_transformers needs at least one processor")
     vocab = hf_vocabulary(tokenizer) if tokenizer is not None else None
-    return TransformersLogitsProcessor(Pipeline(processors, vocab))
+    return TransformersLogitsProcessor(Pipeline(processors, vocab), tokenizer)

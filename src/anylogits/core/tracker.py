@@ -83,6 +83,7 @@ class SequenceTracker:
         self.max_idle_calls = max_idle_calls
         self._generator = torch.Generator().manual_seed(seed)
         self._weights = torch.empty(2, 0, dtype=torch.int64)
+        self._weight_columns: list[tuple[int, int]] = []  # the same, as Python ints
         self._nodes: dict[tuple[int, int, int], SequenceNode] = {}
         self._length_counts: Counter[int] = Counter()
         self._touched: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
@@ -186,7 +187,7 @@ class SequenceTracker:
         if max(last) >= _MAX_TOKEN_ID or min(last) < 0:
             raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
         width = ids.shape[1]
-        first_weight, second_weight = self._weights[:, width - 1].tolist()
+        first_weight, second_weight = self._weight_columns[width - 1]
         nodes: list[SequenceNode] = []
         hashes: list[tuple[int, int]] = []
         for parent, (first, second), token_id in zip(
@@ -263,6 +264,7 @@ class SequenceTracker:
                 0, 1 << _WEIGHT_BITS, (2, size - known), generator=self._generator
             )
             self._weights = torch.cat([self._weights, extra], 1)
+            self._weight_columns = [tuple(column) for column in self._weights.T.tolist()]
         return self._weights
 
     def _touch(self, key: tuple[int, int, int], node: SequenceNode) -> None:

@@ -41,7 +41,8 @@ class GrammarEngine(Protocol):
 
     def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
         """For each ``(matcher, row)``, write the matcher's allowed tokens into that row
-        of the packed bitmask; a matcher appears at most once."""
+        of the packed bitmask; a matcher appears at most once. Raise ``RuntimeError`` if
+        the engine fails."""
 
 
 def _llguidance() -> Any:
@@ -171,23 +172,31 @@ class LLGuidanceEngine:
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         llguidance.torch.fill_next_token_bitmask_par(self._executor, work, bitmask)
+        for matcher, _ in work:
+            # Only refused tokens end sequences here (they are never consumed), so an
+            # error state is a failure inside the engine, such as the tokenizer it calls
+            # back having been freed: raise rather than quietly force EOS.
+            if matcher.is_error():
+                raise RuntimeError(f"llguidance failed to compute a mask: {matcher.get_error()}")
 
 
 ENGINE: GrammarEngine = LLGuidanceEngine()
 
-# Byte value -> the additive bias of its 8 tokens (0 allowed, -inf masked), per device
-# and dtype. Looking bytes up with ``embedding`` and adding the result is ~9x faster on
-# CPU than unpacking bits with shifts and ``torch.where`` (measured at V=128k: 70 us vs
-# 620 us per row), and exact: x + 0 == x and x + -inf == -inf.
-_BYTE_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+# Half-word value -> the additive bias of its 16 tokens (0 allowed, -inf masked), per
+# device and dtype: a (65536, 16) table, 4 MB in float32. Looking the bitmask's 16-bit
+# halves up with ``index_select`` and adding the result is exact (x + 0 == x,
+# x + -inf == -inf) and the fastest whole-batch apply found with torch ops on CPU
+# (measured at V=128k, B=1: 45 us; bytes through a (256, 8) table: 74 us; unpacking
+# bits with shifts and ``torch.where``: 620 us, since boolean masks take a slow path).
+_HALFWORD_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _byte_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    table = _BYTE_BIASES.get((device, dtype))
+def _halfword_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    table = _HALFWORD_BIASES.get((device, dtype))
     if table is None:
-        bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
-        table = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
-        table = _BYTE_BIASES[(device, dtype)] = table.to(device)
+        bits = (torch.arange(1 << 16, dtype=torch.int32)[:, None] >> torch.arange(16)) & 1
+        table = torch.zeros(1 << 16, 16, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
+        table = _HALFWORD_BIASES[(device, dtype)] = table.to(device)
     return table
 
 
@@ -204,13 +213,15 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
 
     One vectorized op for the whole batch on the logits' device; ids beyond the bitmask
     (a logits row wider than the vocabulary) are masked too. Bit ``j`` of int32 word
-    ``w`` is token ``32 w + j``; read as little-endian bytes, byte ``k`` of the row holds
-    tokens ``8 k .. 8 k + 7``.
+    ``w`` is token ``32 w + j``; read as little-endian 16-bit halves, half ``k`` of the
+    row holds tokens ``16 k .. 16 k + 15``.
     """
     rows, width = logits.shape
-    data = bitmask.to(logits.device, non_blocking=True).contiguous().view(torch.uint8)
-    bias = torch.nn.functional.embedding(data.long(), _byte_biases(logits.device, logits.dtype))
-    bias = bias.view(rows, -1)
+    # The bitmask is filled on the CPU; unsigned 16-bit views convert there on any build.
+    halves = bitmask.cpu().contiguous().view(torch.uint16).reshape(-1)
+    index = halves.int().to(logits.device, non_blocking=True)
+    table = _halfword_biases(logits.device, logits.dtype)
+    bias = table.index_select(0, index).view(rows, -1)
     covered = min(width, bias.shape[1])
     logits[:, :covered].add_(bias[:, :covered])
     if covered < width:

@@ -101,6 +101,17 @@ def fill_bitmask(
     line's matcher in parallel within a round. Rows in the same state are filled once
     and copied; rows whose sequence is over (a refused token) get ``ended_row`` (EOS only).
     """
+    if len({id(cursor.line) for cursor in cursors}) == len(cursors):
+        # Every row on its own line (the usual decoding step): one round, no copies.
+        filled = []
+        for row, cursor in enumerate(cursors):
+            matcher = cursor.matcher()
+            if matcher is None:
+                bitmask[row] = ended_row
+            else:
+                filled.append((matcher, row))
+        engine.fill(filled, bitmask)
+        return
     lines: dict[int, tuple[MatcherLine, dict[int, list[int]]]] = {}
     for row, cursor in enumerate(cursors):
         entry = lines.get(id(cursor.line))
