@@ -197,3 +197,45 @@ def test_compiled_grammars_are_cached_per_vocabulary() -> None:
     second = ENGINE.start(Regex("a").grammar, VOCAB)
     assert first is not second  # each sequence gets its own matcher
     assert ENGINE.tokenizer(VOCAB) is ENGINE.tokenizer(VOCAB)
+
+
+def test_vllm_request_rows_with_draft_tokens_mask_like_their_own_histories() -> None:
+    # vLLM's request table (no prefix tracker): per step, one row per draft position of
+    # each request; drafts are partly rejected, the replacement token is committed.
+    from anylogits import to_specs
+    from anylogits.core.requests import RequestBatch
+
+    pattern = r"\{\"[abc]{1,6}\": [0-9]{1,4}\}"
+    requests = RequestBatch(VOCAB)
+    prompts, outputs = [[0], [1, 2]], [[], []]
+    for slot in range(2):
+        requests.add(
+            slot,
+            {"anylogits": to_specs([Regex(pattern)])},
+            prompt_ids=prompts[slot],
+            output_ids=outputs[slot],
+        )
+    generator = torch.Generator().manual_seed(0)
+    ended = 0
+    for _ in range(12):
+        rows, drafts = [], []
+        for slot in range(2):
+            draft = torch.randint(0, EOS + 1, (int(torch.randint(0, 4, ())),), generator=generator)
+            for position in range(len(draft) + 1):
+                rows.append(slot)
+                drafts.append(draft[:position].tolist())
+        logits = torch.randn(len(rows), EOS + 1, generator=generator)
+        out = requests.process(logits.clone(), rows, drafts=drafts)
+        for row, (slot, draft) in enumerate(zip(rows, drafts, strict=True)):
+            (expected,) = allowed(Regex(pattern), [outputs[slot] + draft])
+            assert set(torch.nonzero(out[row] > float("-inf")).flatten().tolist()) == expected
+        for slot in range(2):  # accept the longest allowed draft prefix, then one token
+            own = [d for s, d in zip(rows, drafts, strict=True) if s == slot]
+            masks = [out[r] for r, s in enumerate(rows) if s == slot]
+            accepted = 0
+            while accepted + 1 < len(own) and masks[accepted][own[-1][accepted]] > float("-inf"):
+                accepted += 1
+            choice = int(torch.multinomial(masks[accepted].softmax(0), 1, generator=generator))
+            outputs[slot].extend([*own[-1][:accepted], choice])
+            ended += choice == EOS
+    assert all(len(o) >= 12 for o in outputs) and ended
