@@ -15,6 +15,21 @@ from anylogits.core.vocab import Vocabulary
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def flatten(processors: Iterable[LogitsProcessor | Pipeline]) -> list[LogitsProcessor]:
+    """``processors`` in order, with nested pipelines replaced by their processors."""
+    flat: list[LogitsProcessor] = []
+    for processor in processors:
+        if isinstance(processor, Pipeline):
+            flat.extend(processor.processors)
+        elif isinstance(processor, LogitsProcessor):
+            flat.append(processor)
+        else:
+            raise TypeError(
+                f"expected anylogits processors, got {type(processor).__qualname__} ({processor!r})"
+            )
+    return flat
+
+
 class Pipeline:
     """Processors applied in order to ``(B, V)`` logits; what every adapter wraps.
 
@@ -39,17 +54,7 @@ class Pipeline:
         *,
         max_idle_calls: int = 64,
     ) -> None:
-        flat: list[LogitsProcessor] = []
-        for processor in processors:
-            if isinstance(processor, Pipeline):
-                flat.extend(processor.processors)
-            elif isinstance(processor, LogitsProcessor):
-                flat.append(processor)
-            else:
-                raise TypeError(
-                    f"expected anylogits processors, got {type(processor).__qualname__} "
-                    f"({processor!r})"
-                )
+        flat = flatten(processors)
         if len({id(p) for p in flat}) != len(flat):
             raise ValueError("the same processor object is given twice; pass it once")
         self.processors: tuple[LogitsProcessor, ...] = tuple(flat)

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.pipeline import Pipeline
-from anylogits.core.processor import LogitsProcessor
+from anylogits.core.pipeline import Pipeline, flatten
 from anylogits.core.specs import check_json_value, from_spec, to_specs
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.core.vocab import Vocabulary
@@ -71,15 +70,8 @@ def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | N
 
 def processor_specs(*processors: Any) -> list[dict[str, Any]]:
     """The checked specs of ``processors`` (pipelines flattened), in order."""
-    flat: list[Any] = []
-    for processor in processors:
-        if isinstance(processor, Pipeline):
-            flat.extend(processor.processors)
-        elif isinstance(processor, LogitsProcessor):
-            flat.append(processor)
-        else:
-            raise TypeError(f"expected anylogits processors, got {processor!r}")
-    return to_specs(flat)
+    # Not a Pipeline: building one would rebind the processors to no vocabulary.
+    return to_specs(flatten(processors))
 
 
 def vllm_xargs(*processors: Any) -> dict[str, str]:
