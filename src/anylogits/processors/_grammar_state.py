@@ -102,16 +102,29 @@ def fill_bitmask(
     and copied; rows whose sequence is over (a refused token) get ``ended_row`` (EOS only).
     """
     if len({id(cursor.line) for cursor in cursors}) == len(cursors):
-        # Every row on its own line (the usual decoding step): one round, no copies.
+        # Every row on its own line (the usual decoding step): one round, no grouping.
+        rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
+    else:
+        rounds = _rounds(cursors)
+    copies: list[tuple[int, int]] = []
+    for work in rounds:
         filled = []
-        for row, cursor in enumerate(cursors):
-            matcher = cursor.matcher()
+        for line, depth, rows in work:
+            matcher = line.matcher_at(depth)
             if matcher is None:
-                bitmask[row] = ended_row
-            else:
-                filled.append((matcher, row))
+                bitmask[rows] = ended_row
+                continue
+            filled.append((matcher, rows[0]))
+            if len(rows) > 1:
+                copies.extend((row, rows[0]) for row in rows[1:])
         engine.fill(filled, bitmask)
-        return
+    if copies:
+        targets, sources = zip(*copies, strict=True)
+        bitmask[list(targets)] = bitmask[list(sources)]
+
+
+def _rounds(cursors: list[GrammarCursor]) -> list[list[tuple[MatcherLine, int, list[int]]]]:
+    """Round ``k`` holds the ``k``-th shallowest depth of every line, with its rows."""
     lines: dict[int, tuple[MatcherLine, dict[int, list[int]]]] = {}
     for row, cursor in enumerate(cursors):
         entry = lines.get(id(cursor.line))
@@ -124,17 +137,4 @@ def fill_bitmask(
             if index == len(rounds):
                 rounds.append([])
             rounds[index].append((line, depth, rows_by_depth[depth]))
-    copies: list[tuple[int, int]] = []
-    for work in rounds:
-        filled = []
-        for line, depth, rows in work:
-            matcher = line.matcher_at(depth)
-            if matcher is None:
-                bitmask[rows] = ended_row
-                continue
-            filled.append((matcher, rows[0]))
-            copies.extend((row, rows[0]) for row in rows[1:])
-        engine.fill(filled, bitmask)
-    if copies:
-        targets, sources = zip(*copies, strict=True)
-        bitmask[list(targets)] = bitmask[list(sources)]
+    return rounds
