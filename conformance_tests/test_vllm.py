@@ -323,7 +323,8 @@ def structured_outputs(
     for row in range(batch):
         sampling = {"temperature": 1.0, "seed": row} if sample else {"temperature": 0.0}
         params = for_vllm(processor, max_tokens=n, **sampling)
-        requests.append(({"prompt_token_ids": tokenizer.encode(PROMPTS[row % 3])}, params))
+        prompt = tokenizer.encode(PROMPTS[row % len(PROMPTS)])
+        requests.append(({"prompt_token_ids": prompt}, params))
     outputs = llm.generate(
         [prompt for prompt, _ in requests], [params for _, params in requests], use_tqdm=False
     )

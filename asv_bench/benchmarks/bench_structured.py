@@ -66,11 +66,9 @@ class StructuredPerToken:
 
         return self._walk(Pipeline([JSONSchema(self.schema)], self.vocab))
 
-    def _walk(self, processor: Any) -> float:
-        """Mean seconds per call of ``processor(logits, ids)`` (ours) or
-        ``processor(ids, logits)`` (outlines) along the path; each call's mask must allow
-        the path's next token, or the comparison would be void."""
-        ours = not hasattr(processor, "process_logits")
+    def _walk(self, mask: Any) -> float:
+        """Mean seconds per call of ``mask(logits, ids)`` along the path; each call's
+        mask must allow the path's next token, or the comparison would be void."""
         ids = torch.zeros(self.batch, 1, dtype=torch.long)
         times = []
         for index, token in enumerate(self.path):
@@ -78,7 +76,7 @@ class StructuredPerToken:
                 ids = torch.cat([ids, torch.full((self.batch, 1), self.path[index - 1])], 1)
             logits = self.logits.clone()
             start = time.perf_counter()
-            processor(logits, ids) if ours else processor(ids, logits)
+            mask(logits, ids)
             if index:  # the first call sets the sequence up, as creating matchers does
                 times.append(time.perf_counter() - start)
             if not torch.isfinite(logits[0, token]):
@@ -131,7 +129,7 @@ class StructuredPerToken:
         # Its first call sets up guides and compiles its kernel (torch.compile): untimed.
         processor(torch.zeros(self.batch, 1, dtype=torch.long), self.logits.clone())
         processor.reset()
-        return self._walk(processor)
+        return self._walk(lambda logits, ids: processor(ids, logits))
 
     def track_ours_us(self, batch: int) -> float:
         return self.ours() * 1e6
