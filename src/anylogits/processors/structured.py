@@ -38,9 +38,9 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
             words = (ENGINE.vocab_size(vocab) + 31) // 32
             self._bitmask = torch.empty(0, words, dtype=torch.int32)
             # The row of a sequence that left the grammar: EOS only.
-            self._ended_row = torch.zeros(words * 32, dtype=torch.bool)
-            self._ended_row[sorted(vocab.eos_token_ids)] = True
-            self._ended_row = pack_bits(self._ended_row)
+            eos_only = torch.zeros(words * 32, dtype=torch.bool)
+            eos_only[sorted(vocab.eos_token_ids)] = True
+            self._ended_row = pack_bits(eos_only)
 
     def _vocab(self) -> Vocabulary:
         if self.vocab is None:
