@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 llguidance = pytest.importorskip("llguidance")
@@ -21,11 +21,8 @@ from anylogits import (  # noqa: E402
     Vocabulary,
     from_spec,
 )
-from anylogits.processors._grammar_engine import (  # noqa: E402
-    ENGINE,
-    _VocabularyTokenizer,
-    apply_bitmask,
-)
+from anylogits.processors import _bitmask  # noqa: E402
+from anylogits.processors._grammar_engine import ENGINE, _VocabularyTokenizer  # noqa: E402
 
 PIECES = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
 EOS = len(PIECES)
@@ -51,16 +48,25 @@ def allowed(processor: object, generated: list[list[int]], width: int = EOS + 1)
     return [set(torch.nonzero(row > float("-inf")).flatten().tolist()) for row in out]
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.fixture(params=["compiled", "eager"])
+def apply_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both bitmask applies: the fused ``torch.compile`` kernel and the eager fallback."""
+    monkeypatch.setattr(_bitmask, "COMPILE", request.param == "compiled")
+    return request.param
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     batch=st.integers(1, 5),
     words=st.integers(1, 6),
     width_extra=st.integers(0, 40),
-    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
 def test_bitmask_apply_equals_bit_by_bit(
-    batch: int, words: int, width_extra: int, dtype: torch.dtype, seed: int
+    apply_path: str, batch: int, words: int, width_extra: int, dtype: torch.dtype, seed: int
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, words), generator=generator).int()
@@ -72,7 +78,27 @@ def test_bitmask_apply_equals_bit_by_bit(
             word, bit = divmod(token, 32)
             if word >= words or not (int(bitmask[row, word]) >> bit) & 1:
                 expected[row, token] = float("-inf")
-    assert torch.equal(apply_bitmask(logits.clone(), bitmask), expected)
+    assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+
+
+def test_bitmask_apply_falls_back_to_eager_with_a_warning_when_compiling_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_toolchain(function: object, **options: object) -> object:
+        def fails(*args: object) -> None:
+            raise RuntimeError("no C++ compiler found")
+
+        return fails
+
+    monkeypatch.setattr(_bitmask, "COMPILE", True)
+    monkeypatch.setattr(_bitmask, "_compiled_kernel", None)
+    monkeypatch.setattr(_bitmask, "_compile_failed", False)
+    monkeypatch.setattr(torch, "compile", no_toolchain)
+    bitmask = torch.tensor([[0b101], [0b010]], dtype=torch.int32)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+        first = _bitmask.apply_bitmask(torch.zeros(2, 3), bitmask)
+    assert first.tolist() == [[0.0, float("-inf"), 0.0], [float("-inf"), 0.0, float("-inf")]]
+    assert _bitmask._compile_failed  # later calls go straight to the eager path
 
 
 def test_eos_is_allowed_exactly_when_the_regex_accepts() -> None:

@@ -30,7 +30,7 @@ _MAX_TOKEN_ID = 1 << 21
 _MAX_LENGTH = 1 << 19
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceNode:
     """One known token prefix: its length, prompt length and processor states."""
 
@@ -118,7 +118,9 @@ class SequenceTracker:
         """
         self._clock += 1
         self._touched.append((self._clock, []))
-        ids = token_ids.to(device="cpu", dtype=torch.int64)
+        ids = token_ids
+        if ids.dtype is not torch.int64 or ids.device.type != "cpu":
+            ids = ids.to(device="cpu", dtype=torch.int64)
         batch, width = ids.shape
         if width == 0:
             raise ValueError("token_ids has no columns: a sequence needs at least one token")
@@ -183,23 +185,28 @@ class SequenceTracker:
     def _extend_last_call(self, ids: torch.Tensor) -> list[SequenceNode]:
         """Every row is the same row of the last call plus one token: O(B) work, in
         Python ints (a handful of tokens; torch ops cost more than they save here)."""
-        last = ids[:, -1].tolist()
+        last = ids.select(1, -1).tolist()
         if max(last) >= _MAX_TOKEN_ID or min(last) < 0:
             raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
         width = ids.shape[1]
         first_weight, second_weight = self._weight_columns[width - 1]
+        known, clock, touched = self._nodes, self._clock, self._touched[-1][1]
         nodes: list[SequenceNode] = []
         hashes: list[tuple[int, int]] = []
         for parent, (first, second), token_id in zip(
             self._last_nodes, self._last_hashes, last, strict=True
         ):
-            key = (width, first + token_id * first_weight, second + token_id * second_weight)
-            node = self._nodes.get(key)
+            first, second = first + token_id * first_weight, second + token_id * second_weight
+            key = (width, first, second)
+            node = known.get(key)
             if node is None:
-                node = self._child(parent, token_id)
-            self._touch(key, node)
+                # _touch, inlined: this loop is the per-token cost of every tracked call.
+                node = known[key] = self._child(parent, token_id)
+                self._length_counts[width] += 1
+            node.last_seen = clock
+            touched.append(key)
             nodes.append(node)
-            hashes.append(key[1:])
+            hashes.append((first, second))
         self._remember(ids, hashes, nodes, appended_only=True)
         return nodes
 
@@ -218,7 +225,7 @@ class SequenceTracker:
             buffer = torch.empty(batch, max(2 * width, 256), dtype=torch.int64)
             appended_only = False
         if appended_only:
-            buffer[:, width - 1] = ids[:, -1]
+            buffer.select(1, width - 1).copy_(ids.select(1, -1))
         else:
             buffer[:, :width] = ids
         self._last_tokens = buffer

@@ -1,8 +1,8 @@
 """The grammar engine behind the structured processors, behind one small interface.
 
 llguidance does the matching (one matcher per sequence, masks filled in parallel on the
-CPU into a packed ``(B, ceil(V/32))`` int32 bitmask); :func:`apply_bitmask` applies that
-bitmask to the logits in one vectorized op on the logits' own device. Another engine
+CPU into a packed ``(B, ceil(V/32))`` int32 bitmask, the layout of
+:mod:`anylogits.processors._bitmask`, which applies it). Another engine
 (xgrammar) would implement :class:`GrammarEngine` and nothing else would change.
 """
 
@@ -168,10 +168,14 @@ class LLGuidanceEngine:
     def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
         if not work:
             return
-        llguidance = _llguidance()
         if self._executor is None:
-            self._executor = llguidance.LLExecutor()
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, work, bitmask)
+            self._executor = _llguidance().LLExecutor()
+        on_cpu = bitmask.device.type == "cpu"
+        if bitmask.dtype != torch.int32 or not on_cpu or not bitmask.is_contiguous():
+            raise ValueError("the bitmask must be a contiguous int32 CPU tensor")
+        rows, words = bitmask.shape
+        # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
+        self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
         for matcher, _ in work:
             # Only refused tokens end sequences here (they are never consumed), so an
             # error state is a failure inside the engine, such as the tokenizer it calls
@@ -181,49 +185,3 @@ class LLGuidanceEngine:
 
 
 ENGINE: GrammarEngine = LLGuidanceEngine()
-
-# Half-word value -> the additive bias of its 16 tokens (0 allowed, -inf masked), per
-# device and dtype: a (65536, 16) table, 4 MB in float32. Looking the bitmask's 16-bit
-# halves up with ``index_select`` and adding the result is exact (x + 0 == x,
-# x + -inf == -inf) and the fastest whole-batch apply found with torch ops on CPU
-# (measured at V=128k, B=1: 45 us; bytes through a (256, 8) table: 74 us; unpacking
-# bits with shifts and ``torch.where``: 620 us, since boolean masks take a slow path).
-_HALFWORD_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
-def _halfword_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    table = _HALFWORD_BIASES.get((device, dtype))
-    if table is None:
-        bits = (torch.arange(1 << 16, dtype=torch.int32)[:, None] >> torch.arange(16)) & 1
-        table = torch.zeros(1 << 16, 16, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
-        table = _HALFWORD_BIASES[(device, dtype)] = table.to(device)
-    return table
-
-
-def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
-    """The packed int32 bitmask of a bool ``(..., 32 k)`` tensor: bit ``j`` of word ``w``
-    is element ``32 w + j``."""
-    words = allowed.reshape(*allowed.shape[:-1], -1, 32).long() << torch.arange(32)
-    packed = words.sum(-1)
-    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
-
-
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Set ``logits`` to ``-inf`` wherever the packed bitmask has a 0 bit, in place.
-
-    One vectorized op for the whole batch on the logits' device; ids beyond the bitmask
-    (a logits row wider than the vocabulary) are masked too. Bit ``j`` of int32 word
-    ``w`` is token ``32 w + j``; read as little-endian 16-bit halves, half ``k`` of the
-    row holds tokens ``16 k .. 16 k + 15``.
-    """
-    rows, width = logits.shape
-    # The bitmask is filled on the CPU; unsigned 16-bit views convert there on any build.
-    halves = bitmask.cpu().contiguous().view(torch.uint16).reshape(-1)
-    index = halves.int().to(logits.device, non_blocking=True)
-    table = _halfword_biases(logits.device, logits.dtype)
-    bias = table.index_select(0, index).view(rows, -1)
-    covered = min(width, bias.shape[1])
-    logits[:, :covered].add_(bias[:, :covered])
-    if covered < width:
-        logits[:, covered:] = float("-inf")
-    return logits

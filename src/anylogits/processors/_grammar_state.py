@@ -13,6 +13,7 @@ rolled back to the branch point. Lines only ever grow, so every cursor stays val
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -90,7 +91,7 @@ class GrammarCursor:
 
 def fill_bitmask(
     engine: GrammarEngine,
-    cursors: list[GrammarCursor],
+    cursors: Sequence[GrammarCursor],
     bitmask: torch.Tensor,
     ended_row: torch.Tensor,
 ) -> None:

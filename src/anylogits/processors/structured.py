@@ -16,7 +16,8 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._grammar_engine import ENGINE, _llguidance, apply_bitmask, pack_bits
+from anylogits.processors._bitmask import apply_bitmask, pack_bits
+from anylogits.processors._grammar_engine import ENGINE, _llguidance
 from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
 
 
@@ -58,12 +59,14 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
         return state.advance(token_id)
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        cursors = list(batch.states(self))
+        cursors = batch.states(self)
         self._vocab()
-        if self._bitmask.shape[0] < len(cursors):
-            # Reused across calls: every row is written by each fill.
-            self._bitmask = torch.empty(len(cursors), self._bitmask.shape[1], dtype=torch.int32)
-        bitmask = self._bitmask[: len(cursors)]
+        bitmask = self._bitmask
+        if bitmask.shape[0] != len(cursors):
+            if self._bitmask.shape[0] < len(cursors):
+                # Reused across calls: every row is written by each fill.
+                self._bitmask = torch.empty(len(cursors), bitmask.shape[1], dtype=torch.int32)
+            bitmask = self._bitmask[: len(cursors)]
         fill_bitmask(ENGINE, cursors, bitmask, self._ended_row)
         return apply_bitmask(logits, bitmask)
 

@@ -1,0 +1,117 @@
+"""Packed token bitmasks, the layout llguidance and xgrammar fill: a ``(B, ceil(V/32))``
+int32 tensor whose bit ``j`` of word ``w`` allows token ``32 w + j``.
+
+:func:`apply_bitmask` sets every disallowed logit to ``-inf`` for the whole batch at
+once, on the logits' own device. The fast path is one fused kernel from
+``torch.compile`` (bits unpacked and logits masked in one pass, no temporary) for two
+rows or more: at V=128k on a 2-core CPU it takes 1.5 ms for 32 rows where the best
+eager torch formulation (a half-word lookup table) takes 3.0 ms. Compiling costs
+~1.5-2 s once per process and needs a working compiler toolchain, so the eager path
+stays: it serves single rows, ``ANYLOGITS_COMPILE_BITMASK=0`` makes it serve everything,
+and it takes over (with one warning) wherever compiling fails.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable
+
+import torch
+
+COMPILE = os.environ.get("ANYLOGITS_COMPILE_BITMASK", "1") != "0"
+
+_compile_lock = threading.Lock()
+_compiled_kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+_compile_failed = False
+
+
+def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
+    """The packed int32 bitmask of a bool ``(..., 32 k)`` tensor: bit ``j`` of word ``w``
+    is element ``32 w + j``."""
+    words = allowed.reshape(*allowed.shape[:-1], -1, 32).long() << torch.arange(32)
+    packed = words.sum(-1)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Set ``logits`` to ``-inf`` wherever the packed bitmask has a 0 bit, in place, and
+    return them. Ids beyond the bitmask (a row wider than the vocabulary) are masked too.
+    """
+    covered = 32 * bitmask.shape[1]
+    in_vocab = logits
+    if logits.shape[1] > covered:
+        logits[:, covered:] = float("-inf")
+        in_vocab = logits[:, :covered]
+    # One row: the eager lookup is faster in a generation loop (measured at V=128k on
+    # CPU: 160 against 200 us per token; a compiled call's guards run on cold caches).
+    fused = COMPILE and logits.shape[0] > 1
+    if not (fused and _apply_compiled(in_vocab, bitmask)):
+        _apply_eager(in_vocab, bitmask)
+    return logits
+
+
+def _mask_by_bits(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """The kernel ``torch.compile`` fuses: ``logits`` is at most ``32 * words`` wide."""
+    rows, width = logits.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1
+    logits.masked_fill_(bits.view(rows, -1)[:, :width] == 0, float("-inf"))
+
+
+def _apply_compiled(logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
+    """Run the fused kernel; ``False`` if it cannot be compiled here."""
+    global _compiled_kernel, _compile_failed
+    if _compile_failed:
+        return False
+    # Dynamo's compilation is not thread-safe; the lock is uncontended once compiled.
+    with _compile_lock:
+        try:
+            if _compiled_kernel is None:
+                _compiled_kernel = torch.compile(_mask_by_bits, dynamic=True)
+            _compiled_kernel(logits, bitmask)
+        except Exception as error:  # any toolchain failure: the eager path is exact too
+            _compile_failed = True
+            warnings.warn(
+                f"anylogits: torch.compile of the bitmask apply failed ({type(error).__name__}:"
+                f" {str(error)[:200]}); using the eager apply, which is exact but about 2x "
+                "slower at large batches. Set ANYLOGITS_COMPILE_BITMASK=0 to skip compiling.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+    return True
+
+
+# Half-word value -> the additive bias of its 16 tokens (0 allowed, -inf masked), per
+# device and dtype: a (65536, 16) table, 4 MB in float32. Looking the bitmask's 16-bit
+# halves up with ``index_select`` and adding the result is exact (x + 0 == x,
+# x + -inf == -inf) and the fastest eager apply found on CPU (V=128k, B=1: 45 us; bytes
+# through a (256, 8) table: 74 us; bits unpacked with shifts and ``torch.where``: 620 us,
+# since boolean masks take a slow path).
+_HALFWORD_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _halfword_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    table = _HALFWORD_BIASES.get((device, dtype))
+    if table is None:
+        bits = (torch.arange(1 << 16, dtype=torch.int32)[:, None] >> torch.arange(16)) & 1
+        table = torch.zeros(1 << 16, 16, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
+        table = _HALFWORD_BIASES[(device, dtype)] = table.to(device)
+    return table
+
+
+def _apply_eager(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Bit ``j`` of int32 word ``w`` is token ``32 w + j``; read as little-endian 16-bit
+    halves, half ``k`` of the row holds tokens ``16 k .. 16 k + 15``."""
+    rows, width = logits.shape
+    # The bitmask is filled on the CPU; unsigned 16-bit views convert there on any build.
+    if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
+        bitmask = bitmask.cpu().contiguous()
+    index = bitmask.view(torch.uint16).view(-1).int()
+    if index.device != logits.device:
+        index = index.to(logits.device, non_blocking=True)
+    table = _halfword_biases(logits.device, logits.dtype)
+    bias = table.index_select(0, index).view(rows, -1)
+    logits.add_(bias[:, :width])
