@@ -125,6 +125,13 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         None,
     ),
     (
+        "7c. structured, V=128k: outlines / llguidance direct (the ceiling of 7b for any "
+        "llguidance-based processor)",
+        "bench_structured.StructuredPerToken.track_outlines_over_direct",
+        None,
+        None,
+    ),
+    (
         "8. structured: ms to compile + bind one MaskBench schema",
         "bench_structured.SchemaCompile.track_compile_ms_per_schema",
         None,

@@ -88,9 +88,9 @@ class SequenceTracker:
         self._length_counts: Counter[int] = Counter()
         self._touched: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
         self._clock = 0
-        # The previous full-width call: its tokens (our own copy, in a buffer that grows
-        # by doubling), hashes and nodes. A call that only appends one column to it is
-        # recognised by one comparison pass, with no hashing at all.
+        # The previous full-width call: its tokens (our own copy), hashes and nodes. A
+        # call that only appends one column to it is recognised by one comparison pass,
+        # with no hashing at all.
         self._last_tokens = torch.empty(0, 0, dtype=torch.int64)
         self._last_width = 0
         self._last_hashes: list[tuple[int, int]] = []
@@ -179,7 +179,7 @@ class SequenceTracker:
             previous > 0
             and width == previous + 1
             and batch == len(self._last_nodes)
-            and torch.equal(ids[:, :previous], self._last_tokens[:, :previous])
+            and torch.equal(ids[:, :previous], self._last_tokens)
         )
 
     def _extend_last_call(self, ids: torch.Tensor) -> list[SequenceNode]:
@@ -207,29 +207,17 @@ class SequenceTracker:
             touched.append(key)
             nodes.append(node)
             hashes.append((first, second))
-        self._remember(ids, hashes, nodes, appended_only=True)
+        self._remember(ids, hashes, nodes)
         return nodes
 
     def _remember(
-        self,
-        ids: torch.Tensor,
-        hashes: list[tuple[int, int]],
-        nodes: list[SequenceNode],
-        *,
-        appended_only: bool = False,
+        self, ids: torch.Tensor, hashes: list[tuple[int, int]], nodes: list[SequenceNode]
     ) -> None:
         # A copy: the caller may reuse its buffer (llama-cpp-python slices a growing one).
-        batch, width = ids.shape
-        buffer = self._last_tokens
-        if buffer.shape[0] != batch or buffer.shape[1] < width:
-            buffer = torch.empty(batch, max(2 * width, 256), dtype=torch.int64)
-            appended_only = False
-        if appended_only:
-            buffer.select(1, width - 1).copy_(ids.select(1, -1))
-        else:
-            buffer[:, :width] = ids
-        self._last_tokens = buffer
-        self._last_width = width
+        # Copying all of (B, L) costs about what comparing it does, and one op less than
+        # keeping a spare-capacity buffer to write one column into.
+        self._last_tokens = ids.clone()
+        self._last_width = ids.shape[1]
         self._last_hashes = hashes
         self._last_nodes = nodes
 
