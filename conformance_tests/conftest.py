@@ -10,6 +10,13 @@ from pathlib import Path
 import pytest
 
 from anylogits.testing.backends import BACKENDS, installed
+from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    directory = os.environ.get(DIRECTORY_VARIABLE)
+    if directory:
+        config.pluginmanager.register(SupportRecorder(Path(directory)), "support-matrix")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -110,6 +110,7 @@ def assert_same_and_effective(
 # -- greedy and sampled tokens equal the native processors' -------------------------------
 
 
+@pytest.mark.support("generation", processor="repetition_penalty", backend="transformers")
 def test_repetition_penalty_matches_native(model: Any, tokenizer: Any) -> None:
     plain = generate(model, tokenizer, COUNTING)
     native = generate(model, tokenizer, COUNTING, repetition_penalty=1.3)
@@ -117,6 +118,7 @@ def test_repetition_penalty_matches_native(model: Any, tokenizer: Any) -> None:
     assert_same_and_effective(ours, native, plain)
 
 
+@pytest.mark.support("generation", processor="no_repeat_ngram", backend="transformers")
 def test_no_repeat_ngram_matches_native_and_holds(model: Any, tokenizer: Any) -> None:
     prompt = "the cat the cat the cat the cat"
     plain = generate(model, tokenizer, prompt, max_new_tokens=32)
@@ -137,6 +139,7 @@ def test_no_repeat_ngram_matches_native_and_holds(model: Any, tokenizer: Any) ->
     assert all(bigrams.count(b) == 1 for b in new_bigrams), "a generated bigram repeats"
 
 
+@pytest.mark.support("generation", processor="suppress_tokens", backend="transformers")
 def test_suppress_tokens_matches_native_and_bans(model: Any, tokenizer: Any) -> None:
     plain = generate(model, tokenizer, COUNTING)
     banned = sorted(set(plain[0, :6].tolist()))
@@ -146,6 +149,7 @@ def test_suppress_tokens_matches_native_and_bans(model: Any, tokenizer: Any) -> 
     assert not set(ours[0].tolist()) & set(banned)
 
 
+@pytest.mark.support("generation", processor="logit_bias", backend="transformers")
 def test_logit_bias_matches_sequence_bias(model: Any, tokenizer: Any) -> None:
     plain = generate(model, tokenizer, COUNTING)
     favoured = int(plain[0, -1])
@@ -171,6 +175,7 @@ def min_new_tokens_runs(model: Any, tokenizer: Any, minimum: int) -> tuple[torch
     )
 
 
+@pytest.mark.support("generation", processor="min_new_tokens", backend="transformers")
 def test_min_new_tokens_matches_native_and_holds(model: Any, tokenizer: Any) -> None:
     plain, native, ours = min_new_tokens_runs(model, tokenizer, 5)
     eos = tokenizer.eos_token_id
@@ -179,6 +184,7 @@ def test_min_new_tokens_matches_native_and_holds(model: Any, tokenizer: Any) -> 
     assert eos not in ours[0, :5].tolist() and ours[0, 5] == eos
 
 
+@pytest.mark.support("generation", backend="transformers")
 @pytest.mark.parametrize(
     ("ours", "native"),
     [

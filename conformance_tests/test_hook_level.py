@@ -32,6 +32,7 @@ def call_sequence(batch: int, seed: int) -> list[torch.Tensor]:
     return calls
 
 
+@pytest.mark.support("hook")
 @pytest.mark.parametrize("name", sorted(PROCESSOR_SPECS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("batch", [1, 3, 8])

@@ -148,6 +148,7 @@ def test_unprocessed_greedy_tokens_equal_transformers(llm: Any, hf: Any) -> None
     assert llama_generate(llm, prompt) == hf_generate(hf, prompt)
 
 
+@pytest.mark.support("generation", backend="llama_cpp")
 @pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
 def test_processors_give_the_same_tokens_as_on_transformers(llm: Any, hf: Any, case: str) -> None:
     prompt = prompt_ids(llm, COUNTING)
@@ -304,6 +305,7 @@ def structured_outputs(
     return outputs
 
 
+@pytest.mark.support("generation", processor="json_schema", backend="llama_cpp")
 @GENERATION
 @given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
 def test_generated_json_validates(llm: Any, schema: dict, batch: int, sample: bool) -> None:
@@ -311,6 +313,7 @@ def test_generated_json_validates(llm: Any, schema: dict, batch: int, sample: bo
     check_json(outputs, schema, vocabulary_of(llm))
 
 
+@pytest.mark.support("generation", processor="regex", backend="llama_cpp")
 @GENERATION
 @given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
 def test_generated_text_matches_the_regex(llm: Any, pattern: str, batch: int, sample: bool) -> None:

@@ -100,6 +100,7 @@ def test_unprocessed_greedy_tokens_equal_transformers(loaded: Any, hf: Any) -> N
     assert mlx_greedy(model, prompt) == hf_greedy(*hf, prompt, n=NEW_TOKENS)
 
 
+@pytest.mark.support("generation", backend="mlx")
 @pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
 def test_processors_give_the_same_tokens_as_on_transformers(
     loaded: Any, hf: Any, case: str
@@ -226,6 +227,7 @@ def ours(processor: Any, logits: np.ndarray, history: list[int]) -> np.ndarray:
     return result.numpy()
 
 
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 def test_repetition_penalty_matches_make_logits_processors(seed: int) -> None:
     logits = _logits(seed)
@@ -255,6 +257,7 @@ def _kept(masked: np.ndarray) -> set[int]:
     return set(np.flatnonzero(np.isfinite(masked[0])).tolist())
 
 
+@pytest.mark.support("oracle", processor="top_k", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("k", [1, 5, 50])
 def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
@@ -264,6 +267,7 @@ def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
     assert _kept(ours(TopK(k), logits, [0])) == expected and len(expected) == k
 
 
+@pytest.mark.support("oracle", processor="top_p", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None:
@@ -274,6 +278,7 @@ def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None
     assert _kept(ours(TopP(p), logits, [0])) == expected
 
 
+@pytest.mark.support("oracle", processor="min_p", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("p", [0.05, 0.2, 0.5])
 def test_min_p_keeps_the_same_tokens_as_apply_min_p(seed: int, p: float) -> None:
@@ -312,6 +317,7 @@ def structured_outputs(
     return [Generated(list(ids), len(ids) < n) for ids in result.token_ids]
 
 
+@pytest.mark.support("generation", processor="json_schema", backend="mlx")
 @GENERATION
 @given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
 def test_generated_json_validates(loaded: Any, schema: dict, batch: int, sample: bool) -> None:
@@ -319,6 +325,7 @@ def test_generated_json_validates(loaded: Any, schema: dict, batch: int, sample:
     check_json(outputs, schema, hf_vocabulary(loaded[1]._tokenizer))
 
 
+@pytest.mark.support("generation", processor="regex", backend="mlx")
 @GENERATION
 @given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
 def test_generated_text_matches_the_regex(

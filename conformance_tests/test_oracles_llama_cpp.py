@@ -60,6 +60,7 @@ def random_logits(seed: int, scale: float = 3.0) -> np.ndarray:
 SEEDS = range(8)
 
 
+@pytest.mark.support("oracle", processor="top_k", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("k", [1, 5, 40, 1_000])
 def test_top_k_matches(seed: int, k: int) -> None:
@@ -69,6 +70,7 @@ def test_top_k_matches(seed: int, k: int) -> None:
     np.testing.assert_array_equal(ours(TopK(k), logits), expected)
 
 
+@pytest.mark.support("oracle", processor="top_p", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9, 0.95])
 def test_top_p_matches(seed: int, p: float) -> None:
@@ -78,6 +80,7 @@ def test_top_p_matches(seed: int, p: float) -> None:
     np.testing.assert_array_equal(ours(TopP(p), logits), expected)
 
 
+@pytest.mark.support("oracle", processor="min_p", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("p", [0.01, 0.05, 0.2, 0.5])
 def test_min_p_matches(seed: int, p: float) -> None:
@@ -87,6 +90,7 @@ def test_min_p_matches(seed: int, p: float) -> None:
     np.testing.assert_array_equal(ours(MinP(p), logits), expected)
 
 
+@pytest.mark.support("oracle", processor="temperature", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("t", [0.3, 0.7, 1.5])
 def test_temperature_matches(seed: int, t: float) -> None:
@@ -100,6 +104,7 @@ def _history(seed: int, length: int) -> list[int]:
     return generator.integers(0, 50, length).tolist()  # few ids: they repeat
 
 
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("penalty", [1.3, 0.8])
 def test_repetition_penalty_matches_when_the_window_covers_the_history(

@@ -491,6 +491,7 @@ CASES: dict[str, Callable[..., Case]] = {
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.support("oracle", backend="transformers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 @SETTINGS

@@ -80,6 +80,7 @@ def sampling(sample: bool) -> dict[str, Any]:
     return {"do_sample": True, "top_k": 0} if sample else {"do_sample": False}
 
 
+@pytest.mark.support("generation", processor="json_schema", backend="transformers")
 @GENERATION
 @given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
 def test_generated_json_validates(engine: Any, schema: dict, batch: int, sample: bool) -> None:
@@ -90,6 +91,7 @@ def test_generated_json_validates(engine: Any, schema: dict, batch: int, sample:
     check_json([generated(ids, eos) for ids in outputs], schema, hf_vocabulary(tokenizer))
 
 
+@pytest.mark.support("generation", processor="regex", backend="transformers")
 @GENERATION
 @given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
 def test_generated_text_matches_the_regex(

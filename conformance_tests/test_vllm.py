@@ -161,6 +161,7 @@ def test_unprocessed_greedy_tokens_equal_transformers(
     assert plain == hf_greedy(*hf, prompt, n=NEW_TOKENS)
 
 
+@pytest.mark.support("generation", backend="vllm")
 @pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
 def test_processors_give_the_same_tokens_as_on_transformers(
     llm: Any, hf: Any, prompt: list[int], plain: list[int], case: str
@@ -226,6 +227,7 @@ def test_mixed_batch_rows_equal_each_request_run_alone(
 # -- oracle level: vLLM's own sampling parameters on the same engine ----------------------
 
 
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="vllm")
 def test_repetition_penalty_matches_vllm_repetition_penalty(
     llm: Any, prompt: list[int], plain: list[int]
 ) -> None:
@@ -277,6 +279,7 @@ SAMPLED_TOKENS = 24
 
 
 @pytest.mark.parametrize("seed", [7, 1234])
+@pytest.mark.support("oracle", backend="vllm")
 @pytest.mark.parametrize("case", sorted(SAMPLING_CASES))
 def test_sampling_filters_draw_the_same_tokens_as_vllm_with_the_same_seed(
     llm: Any, prompt: list[int], case: str, seed: int
@@ -336,6 +339,7 @@ def structured_outputs(
     return results
 
 
+@pytest.mark.support("generation", processor="json_schema", backend="vllm")
 @GENERATION
 @given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
 def test_generated_json_validates(
@@ -346,6 +350,7 @@ def test_generated_json_validates(
     check_json(outputs, schema, hf_vocabulary(tokenizer))
 
 
+@pytest.mark.support("generation", processor="regex", backend="vllm")
 @GENERATION
 @given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
 def test_generated_text_matches_the_regex(

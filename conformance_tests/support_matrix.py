@@ -1,0 +1,188 @@
+"""The processor x backend support matrix, generated from conformance runs.
+
+A test that proves something about one processor on one backend says so with
+``@pytest.mark.support(level)``, level being ``hook``, ``oracle`` or ``generation``.
+The processor is the test's ``name`` or ``case`` parameter unless the marker names it
+(``processor=``, a spec name or class name); the backend is its ``backend`` parameter
+unless the marker names it (``backend=``). With ``ANYLOGITS_SUPPORT_DIR`` set, each
+pytest run writes its outcomes there as JSON, and
+
+    python -m conformance_tests.support_matrix DIR docs/support-matrix.md
+
+renders the table the way narwhals renders its completeness pages. A cell reads pass
+(with the levels that passed), known gap (an xfail's reason), fail, or not run (a skip's
+reason); a cell no test covers reads "no test yet" (``--strict`` fails instead). Every
+catalogue processor gets a row and every backend a column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anylogits.core.processor import LogitsProcessor
+
+LEVELS = ("hook", "oracle", "generation")
+DIRECTORY_VARIABLE = "ANYLOGITS_SUPPORT_DIR"
+
+
+def catalogue() -> dict[str, str]:
+    """Spec name -> class name of every catalogue processor."""
+    import anylogits.processors
+
+    names = {}
+    for public in anylogits.processors.__all__:
+        value = getattr(anylogits.processors, public)
+        if isinstance(value, type) and issubclass(value, LogitsProcessor):
+            spec_name = value.__dict__.get("spec_name")
+            if spec_name:
+                names[spec_name] = value.__name__
+    return names
+
+
+def _spec_name(value: str) -> str | None:
+    names = catalogue()
+    if value in names:
+        return value
+    by_class = {class_name: spec for spec, class_name in names.items()}
+    return by_class.get(value)
+
+
+def record_of(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | None:
+    """The matrix entry a finished test phase contributes, if it is a support test."""
+    marker = item.get_closest_marker("support")
+    if marker is None:
+        return None
+    level = marker.args[0]
+    if level not in LEVELS:
+        raise pytest.UsageError(f"{item.nodeid}: support level {level!r} is not one of {LEVELS}")
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    processor = marker.kwargs.get("processor") or params.get("name") or params.get("case")
+    for value in params.values():
+        if processor is None and isinstance(value, LogitsProcessor):
+            processor = value.spec_name
+    backend = marker.kwargs.get("backend") or getattr(params.get("backend"), "name", None)
+    if processor is None or backend is None:
+        raise pytest.UsageError(f"{item.nodeid}: a support test needs a processor and a backend")
+    spec_name = _spec_name(processor)
+    if spec_name is None:
+        return None  # a probe or a test-only case, not a catalogue processor
+    if report.when == "call":
+        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    elif report.skipped:
+        outcome = "xfailed" if hasattr(report, "wasxfail") else "skipped"
+    elif report.failed:
+        outcome = "failed"
+    else:
+        return None
+    reason = getattr(report, "wasxfail", "")
+    if report.skipped and not reason and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2].removeprefix("Skipped: ")
+    return {
+        "processor": spec_name,
+        "backend": backend,
+        "level": level,
+        "outcome": outcome,
+        "reason": reason,
+        "test": item.nodeid,
+    }
+
+
+class SupportRecorder:
+    """The pytest plugin: collects records and writes them at the end of the run."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.records: list[dict[str, Any]] = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        outcome = yield
+        record = record_of(item, outcome.get_result())
+        if record is not None:
+            self.records.append(record)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.records:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        backends = "-".join(sorted({r["backend"] for r in self.records}))
+        path = self.directory / f"support-{backends}-{os.getpid()}.json"
+        path.write_text(json.dumps(self.records, indent=1))
+
+
+def cell(records: list[dict[str, Any]]) -> str:
+    """One table cell from every record of one processor on one backend ("" if none)."""
+    if not records:
+        return ""
+    failed = [r for r in records if r["outcome"] == "failed"]
+    if failed:
+        return "fail: " + ", ".join(sorted({r["level"] for r in failed}))
+    passed = {r["level"] for r in records if r["outcome"] == "passed"}
+    gaps = sorted({r["reason"] for r in records if r["outcome"] == "xfailed"})
+    if passed:
+        text = "pass (" + ", ".join(level for level in LEVELS if level in passed) + ")"
+        return text + ("; known gap: " + "; ".join(gaps) if gaps else "")
+    if gaps:
+        return "known gap: " + "; ".join(gaps)
+    reasons = sorted({r["reason"] for r in records if r["reason"]})
+    return "not run: " + ("; ".join(reasons) or "skipped")
+
+
+def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) -> str:
+    """The markdown page. Cells without any test read "no test yet"; with ``strict``
+    they raise ``ValueError`` naming them instead."""
+    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_cell[record["processor"], record["backend"]].append(record)
+    names = catalogue()
+    empty = [
+        f"{names[spec]} on {backend}"
+        for spec in sorted(names)
+        for backend in backends
+        if not by_cell[spec, backend]
+    ]
+    if empty and strict:
+        raise ValueError("support matrix cells without any test: " + ", ".join(empty))
+    lines = [
+        "# Support matrix",
+        "",
+        "Generated by `python -m conformance_tests.support_matrix` from the conformance",
+        "runs (`nox -s matrix`); do not edit by hand. Levels: hook (the adapter called as",
+        "the backend calls it equals the core result), oracle (equals a native",
+        "implementation on identical inputs), generation (real engine, tiny model).",
+        "",
+        "| processor | " + " | ".join(backends) + " |",
+        "|---|" + "---|" * len(backends),
+    ]
+    for spec in sorted(names, key=lambda s: names[s]):
+        cells = [cell(by_cell[spec, backend]) or "**no test yet**" for backend in backends]
+        lines.append(f"| `{names[spec]}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(arguments: list[str]) -> int:
+    from anylogits.testing.backends import BACKENDS
+
+    strict = "--strict" in arguments
+    arguments = [a for a in arguments if a != "--strict"]
+    if len(arguments) != 2:
+        print("usage: python -m conformance_tests.support_matrix [--strict] RESULTS_DIR OUT.md")
+        return 2
+    directory, out = Path(arguments[0]), Path(arguments[1])
+    records = [r for path in sorted(directory.glob("*.json")) for r in json.loads(path.read_text())]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(records, list(BACKENDS), strict=strict))
+    print(f"wrote {out} from {len(records)} records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
