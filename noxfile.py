@@ -91,6 +91,7 @@ def tests(session: nox.Session) -> None:
         "--doctest-modules",
         "src/anylogits/core",
         "src/anylogits/processors",
+        "src/anylogits/watermark_detection.py",
         *session.posargs,
     )
 

@@ -21,6 +21,12 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
     "min_new_tokens": {"type": "min_new_tokens", "min_new_tokens": 3, "eos_token_id": 1},
     "logit_bias": {"type": "logit_bias", "bias": {"2": 3.0, "5": -2.0}},
     "suppress_tokens": {"type": "suppress_tokens", "token_ids": [0, 4]},
+    "watermark": {
+        "type": "watermark",
+        "bias": 4.0,
+        "seeding_scheme": "selfhash",
+        "context_width": 2,
+    },
     "stateful_probe": {"type": "testing.generated_hash_bias", "bias": 4.0},
 }
 

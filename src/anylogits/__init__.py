@@ -33,7 +33,9 @@ from anylogits.processors import (
     Temperature,
     TopK,
     TopP,
+    Watermark,
 )
+from anylogits.watermark_detection import WatermarkDetection, detect_watermark
 
 if TYPE_CHECKING:
     from anylogits.adapters.llama_cpp import for_llama_cpp
@@ -84,6 +86,9 @@ __all__ = [
     "TopK",
     "TopP",
     "Vocabulary",
+    "Watermark",
+    "WatermarkDetection",
+    "detect_watermark",
     "for_llama_cpp",
     "for_mlx",
     "for_transformers",

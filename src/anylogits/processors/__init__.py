@@ -4,6 +4,7 @@ from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
 from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
 from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
 from anylogits.processors.structured import Choice, Grammar, JSONSchema, Regex
+from anylogits.processors.watermark import Watermark
 
 __all__ = [
     "Choice",
@@ -19,4 +20,5 @@ __all__ = [
     "Temperature",
     "TopK",
     "TopP",
+    "Watermark",
 ]

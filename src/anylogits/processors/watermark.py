@@ -1,0 +1,307 @@
+"""Green-list watermark (Kirchenbauer et al., 2023), seeded as transformers seeds it.
+
+The previous token(s) seed a ``torch.Generator``; ``torch.randperm(V)`` drawn from it
+names the green tokens (its first ``int(V * greenlist_ratio)`` entries). A torch
+generator takes one seed, so one permutation is drawn per distinct seed: that is the
+only per-seed Python work, and greenlists are cached by seed (the previous token in
+the default scheme, so a long generation soon draws none at all).
+
+Permutations are always drawn on the CPU, wherever the logits live: a watermark must
+be detectable on any machine, and a CUDA generator (Philox) seeded alike draws other
+permutations than the CPU one (Mersenne Twister).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import LogitsProcessor
+from anylogits.processors._checks import int_at_least
+
+SEEDING_SCHEMES = ("lefthash", "selfhash")
+# transformers' constants: seeds are reduced modulo 2**64 - 1, selfhash hashes ids
+# through a fixed permutation of this many entries, and scores its 40 likeliest tokens.
+SEED_MODULUS = 2**64 - 1
+HASH_TABLE_SIZE = 1_000_003
+SELFHASH_CANDIDATES = 40
+
+
+class Watermark(LogitsProcessor):
+    """Add ``bias`` to the logits of a pseudo-random "green" part of the vocabulary.
+
+    The green list is ``int(V * greenlist_ratio)`` tokens of the logits' width ``V``,
+    drawn from a generator seeded by the previous token(s), so a detector that knows
+    ``hashing_key`` can count green tokens in a text
+    (:func:`anylogits.watermark_detection.detect_watermark`).
+
+    * ``"lefthash"``: the seed is ``hashing_key * previous_token`` (Algorithm 2 of the
+      paper); ``context_width`` only sets how many tokens a sequence needs before it
+      is watermarked.
+    * ``"selfhash"``: each of the 40 likeliest next tokens is green when it belongs to
+      the green list seeded by itself and the ``context_width - 1`` tokens before it
+      (Algorithm 3); only those tokens can be raised.
+
+    Rows holding fewer than ``context_width`` tokens are left unchanged. Put it last in
+    a pipeline, as ``generate`` does with its own watermark, so that later processors
+    do not undo the bias.
+
+    Oracle: transformers ``WatermarkLogitsProcessor`` (``WatermarkingConfig``) with
+    ``vocab_size`` = the logits width, on CPU: identical results, including which of
+    several tokens tied at the 40th place selfhash scores. Where transformers differs:
+    it skips the whole batch only when its padded width is below ``context_width``
+    (and otherwise hashes padding ids), this skips each short row; its selfhash raises
+    ``IndexError`` on a row with no green candidate and on vocabularies under 40
+    tokens, this leaves such a row unchanged and scores every token of a small
+    vocabulary; on CUDA it draws greenlists from a CUDA generator, this from the CPU one.
+
+    Args:
+        greenlist_ratio: fraction of the vocabulary that is green, in (0, 1).
+        bias: added to green logits (a finite number; larger is easier to detect and
+            costs more text quality).
+        hashing_key: the secret key, an integer in [0, 2**63).
+        seeding_scheme: ``"lefthash"`` or ``"selfhash"``.
+        context_width: tokens that seed the green list, >= 1.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.watermark import Watermark
+        >>> watermark = Pipeline([Watermark(greenlist_ratio=0.5, bias=4.0)])
+        >>> logits = watermark(torch.zeros(2, 10), torch.tensor([[3, 7], [5, 7]]))
+        >>> (logits == 4.0).sum(dim=1).tolist()  # half the vocabulary is green
+        [5, 5]
+        >>> torch.equal(logits[0], logits[1])  # the same previous token, the same greenlist
+        True
+    """
+
+    spec_name = "watermark"
+
+    def __init__(
+        self,
+        greenlist_ratio: float = 0.25,
+        bias: float = 2.0,
+        hashing_key: int = 15485863,
+        seeding_scheme: str = "lefthash",
+        context_width: int = 1,
+    ) -> None:
+        self.greenlist_ratio = _greenlist_ratio(greenlist_ratio)
+        self.bias = _finite_float("bias", bias)
+        self.hashing_key = _hashing_key(hashing_key)
+        self.seeding_scheme = _seeding_scheme(seeding_scheme)
+        self.context_width = int_at_least("context_width", context_width, 1)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "greenlist_ratio": self.greenlist_ratio,
+            "bias": self.bias,
+            "hashing_key": self.hashing_key,
+            "seeding_scheme": self.seeding_scheme,
+            "context_width": self.context_width,
+        }
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        ids = batch.token_ids
+        if ids.shape[1] < self.context_width:
+            return logits
+        long_enough = None
+        if batch.lengths.min() < self.context_width:
+            long_enough = (batch.lengths >= self.context_width).to(logits.device)[:, None]
+        if self.seeding_scheme == "lefthash":
+            columns = self._lefthash_greenlists(ids[:, -1], logits.shape[-1])
+            green = long_enough
+        else:
+            columns, green = self._selfhash_green_candidates(logits, ids)
+            if long_enough is not None:
+                green &= long_enough
+        columns = columns.to(logits.device)
+        values = logits.gather(1, columns)
+        # `values + bias` rounds as transformers' `scores[b, ids] + bias` does.
+        raised = values + self.bias
+        if green is not None:
+            raised = torch.where(green, raised, values)
+        return logits.scatter_(1, columns, raised)
+
+    def _lefthash_greenlists(self, previous: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """``(B, G)`` green ids of each row, from its previous token."""
+        size = greenlist_size(vocab_size, self.greenlist_ratio)
+        tokens, row_token = torch.unique(previous.cpu(), return_inverse=True)
+        greenlists = [
+            GREENLISTS.get(lefthash_seed(token, self.hashing_key), vocab_size, size)
+            for token in tokens.tolist()
+        ]
+        return torch.stack([greenlists[index] for index in row_token.tolist()])
+
+    def _selfhash_green_candidates(
+        self, logits: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``(B, K)`` likeliest tokens of each row and whether each is green."""
+        vocab_size = logits.shape[-1]
+        candidates = likeliest_tokens(logits, min(SELFHASH_CANDIDATES, vocab_size)).cpu()
+        context = ids[:, ids.shape[1] - (self.context_width - 1) :].cpu()
+        windows = torch.cat(
+            [context[:, None, :].expand(-1, candidates.shape[1], -1), candidates[..., None]],
+            dim=-1,
+        )
+        seeds = selfhash_seeds(windows, self.hashing_key)
+        size = greenlist_size(vocab_size, self.greenlist_ratio)
+        green = [
+            GREENLISTS.contains(seed, token, vocab_size, size)
+            for seed, token in zip(seeds, candidates.flatten().tolist(), strict=True)
+        ]
+        green_mask = torch.tensor(green, dtype=torch.bool).view(candidates.shape)
+        return candidates, green_mask.to(logits.device)
+
+
+def likeliest_tokens(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``(B, k)`` ids of the ``k`` highest logits of each row, as transformers picks them.
+
+    transformers takes the first ``k`` of ``scores[b].sort(descending=True)``, an
+    unstable sort whose order among equal values is its own. The set only depends on
+    that order when a tie straddles the k-th place, so ``topk`` answers every other
+    row and only such rows are sorted, one by one exactly as transformers does. Ties
+    at ``-inf`` are left to ``topk``: ``-inf + bias`` stays ``-inf`` whichever is chosen.
+    """
+    if k >= logits.shape[-1]:
+        return torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape[0], -1)
+    top = torch.topk(logits, k + 1, dim=-1)
+    candidates = top.indices[:, :k].clone()
+    kth, next_value = top.values[:, k - 1], top.values[:, k]
+    straddling = (kth == next_value) & (kth != float("-inf"))
+    for row in straddling.nonzero().flatten().tolist():
+        candidates[row] = logits[row].sort(dim=-1, descending=True).indices[:k]
+    return candidates
+
+
+def greenlist_size(vocab_size: int, greenlist_ratio: float) -> int:
+    """Green tokens in a vocabulary of ``vocab_size`` (transformers rounds down)."""
+    return int(vocab_size * greenlist_ratio)
+
+
+def lefthash_seed(previous_token: int, hashing_key: int) -> int:
+    """The generator seed after ``previous_token`` (Python ints: no overflow)."""
+    return hashing_key * previous_token % SEED_MODULUS
+
+
+def selfhash_seeds(windows: torch.Tensor, hashing_key: int) -> list[int]:
+    """Generator seeds of ``(..., context_width)`` windows whose last id is the scored one.
+
+    ``min_i(key * (t[w_i] + 1) * (t[w_last] + 1))`` over a fixed permutation ``t`` of
+    ``HASH_TABLE_SIZE`` ids, in int64 arithmetic that wraps exactly as transformers'
+    does, then reduced as a Python int. Flattened in row-major order.
+    """
+    table = hash_table(hashing_key)
+    hashed = table[windows % HASH_TABLE_SIZE] + 1
+    products = hashing_key * hashed * hashed[..., -1:]
+    return [seed % SEED_MODULUS for seed in products.amin(dim=-1).flatten().tolist()]
+
+
+@functools.lru_cache(maxsize=4)
+def hash_table(hashing_key: int) -> torch.Tensor:
+    """transformers' ``fixed_table``: a permutation of ``HASH_TABLE_SIZE`` ids seeded by
+    ``hashing_key`` (8 MB; a handful of keys are cached)."""
+    generator = torch.Generator().manual_seed(hashing_key)
+    return torch.randperm(HASH_TABLE_SIZE, generator=generator)
+
+
+class GreenlistCache:
+    """Greenlists by seed, least recently used dropped first, and membership answers.
+
+    Bounded by the ids held (``max_ids`` int64 ids: 32 MB), not by entries, so large
+    vocabularies keep fewer lists. Shared by every watermark and detector in the
+    process (the key holds the vocabulary and greenlist sizes); a lock makes it safe
+    across threads.
+    """
+
+    max_ids = 2**22
+    max_answers = 2**16
+
+    def __init__(self) -> None:
+        self._lists: OrderedDict[tuple[int, int, int], torch.Tensor] = OrderedDict()
+        self._answers: OrderedDict[tuple[int, int, int, int], bool] = OrderedDict()
+        self._held = 0
+        self._generator = torch.Generator()
+        self._lock = threading.Lock()
+
+    def get(self, seed: int, vocab_size: int, size: int) -> torch.Tensor:
+        """The ``(size,)`` int64 green ids, the first ``size`` of ``randperm(vocab_size)``,
+        in increasing order (scattering into ascending columns is 3x faster)."""
+        key = (seed, vocab_size, size)
+        with self._lock:
+            greenlist = self._lists.get(key)
+            if greenlist is not None:
+                self._lists.move_to_end(key)
+                return greenlist
+            self._generator.manual_seed(seed)
+            permutation = torch.randperm(vocab_size, generator=self._generator)
+            greenlist = permutation[:size].sort().values  # a copy: frees the permutation
+            self._lists[key] = greenlist
+            self._held += size
+            while self._held > self.max_ids and len(self._lists) > 1:
+                self._held -= self._lists.popitem(last=False)[1].numel()
+            return greenlist
+
+    def contains(self, seed: int, token: int, vocab_size: int, size: int) -> bool:
+        """Whether ``token`` is in the greenlist of ``seed``."""
+        key = (seed, token, vocab_size, size)
+        with self._lock:
+            answer = self._answers.get(key)
+            if answer is not None:
+                self._answers.move_to_end(key)
+                return answer
+        answer = bool((self.get(seed, vocab_size, size) == token).any())
+        with self._lock:
+            self._answers[key] = answer
+            if len(self._answers) > self.max_answers:
+                self._answers.popitem(last=False)
+        return answer
+
+
+GREENLISTS = GreenlistCache()
+
+
+def check_watermark_parameters(
+    greenlist_ratio: float, hashing_key: int, seeding_scheme: str, context_width: int
+) -> tuple[float, int, str, int]:
+    """The detector's copy of :class:`Watermark`'s checks (same messages)."""
+    return (
+        _greenlist_ratio(greenlist_ratio),
+        _hashing_key(hashing_key),
+        _seeding_scheme(seeding_scheme),
+        int_at_least("context_width", context_width, 1),
+    )
+
+
+def _greenlist_ratio(value: Any) -> float:
+    ratio = _finite_float("greenlist_ratio", value)
+    if not 0.0 < ratio < 1.0:
+        raise ValueError(f"greenlist_ratio must lie in (0, 1), got {value!r}")
+    return ratio
+
+
+def _finite_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _hashing_key(value: Any) -> int:
+    key = int_at_least("hashing_key", value, 0)
+    # selfhash multiplies it with int64 tensors, as transformers does.
+    if key >= 2**63:
+        raise ValueError(f"hashing_key must be < 2**63, got {value!r}")
+    return key
+
+
+def _seeding_scheme(value: Any) -> str:
+    if value not in SEEDING_SCHEMES:
+        raise ValueError(f"seeding_scheme must be 'lefthash' or 'selfhash', got {value!r}")
+    return value
