@@ -21,6 +21,12 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
     "min_new_tokens": {"type": "min_new_tokens", "min_new_tokens": 3, "eos_token_id": 1},
     "logit_bias": {"type": "logit_bias", "bias": {"2": 3.0, "5": -2.0}},
     "suppress_tokens": {"type": "suppress_tokens", "token_ids": [0, 4]},
+    "typical_p": {"type": "typical_p", "mass": 0.5},
+    "epsilon_cutoff": {"type": "epsilon_cutoff", "epsilon": 0.01},
+    "eta_cutoff": {"type": "eta_cutoff", "epsilon": 0.02},
+    "top_n_sigma": {"type": "top_n_sigma", "n": 1.0},
+    "top_h": {"type": "top_h", "top_h": 0.4},
+    "xtc": {"type": "xtc", "threshold": 0.02, "probability": 0.5, "seed": 7},
     "watermark": {
         "type": "watermark",
         "bias": 4.0,

@@ -20,7 +20,10 @@ from anylogits.core import (
 )
 from anylogits.core.requests import vllm_xargs
 from anylogits.processors import (
+    XTC,
     Choice,
+    EpsilonCutoff,
+    EtaCutoff,
     Grammar,
     JSONSchema,
     LogitBias,
@@ -31,8 +34,11 @@ from anylogits.processors import (
     RepetitionPenalty,
     SuppressTokens,
     Temperature,
+    TopH,
     TopK,
+    TopNSigma,
     TopP,
+    TypicalP,
     Watermark,
 )
 from anylogits.watermark_detection import WatermarkDetection, detect_watermark
@@ -68,8 +74,11 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "XTC",
     "Batch",
     "Choice",
+    "EpsilonCutoff",
+    "EtaCutoff",
     "Grammar",
     "JSONSchema",
     "LogitBias",
@@ -83,8 +92,11 @@ __all__ = [
     "StatefulLogitsProcessor",
     "SuppressTokens",
     "Temperature",
+    "TopH",
     "TopK",
+    "TopNSigma",
     "TopP",
+    "TypicalP",
     "Vocabulary",
     "Watermark",
     "WatermarkDetection",

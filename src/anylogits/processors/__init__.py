@@ -4,10 +4,15 @@ from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
 from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
 from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
 from anylogits.processors.structured import Choice, Grammar, JSONSchema, Regex
+from anylogits.processors.truncation import EpsilonCutoff, EtaCutoff, TopH, TopNSigma, TypicalP
 from anylogits.processors.watermark import Watermark
+from anylogits.processors.xtc import XTC
 
 __all__ = [
+    "XTC",
     "Choice",
+    "EpsilonCutoff",
+    "EtaCutoff",
     "Grammar",
     "JSONSchema",
     "LogitBias",
@@ -18,7 +23,10 @@ __all__ = [
     "RepetitionPenalty",
     "SuppressTokens",
     "Temperature",
+    "TopH",
     "TopK",
+    "TopNSigma",
     "TopP",
+    "TypicalP",
     "Watermark",
 ]
