@@ -27,6 +27,14 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
     "top_n_sigma": {"type": "top_n_sigma", "n": 1.0},
     "top_h": {"type": "top_h", "top_h": 0.4},
     "xtc": {"type": "xtc", "threshold": 0.02, "probability": 0.5, "seed": 7},
+    "bad_words": {"type": "bad_words", "words": [[3], [1, 2]]},
+    "sequence_bias": {"type": "sequence_bias", "biases": [[[1, 2], 3.0], [[5], -2.0]]},
+    "exponential_decay_length": {
+        "type": "exponential_decay_length",
+        "start_index": 2,
+        "decay_factor": 1.5,
+        "eos_token_id": 1,
+    },
     "watermark": {
         "type": "watermark",
         "bias": 4.0,

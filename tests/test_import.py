@@ -31,19 +31,14 @@ def test_import_anylogits_imports_no_backend() -> None:
 
 def test_catalogue_names_are_importable_from_the_top_level() -> None:
     import anylogits
+    import anylogits.processors
 
-    for name in (
-        "Temperature",
-        "TopK",
-        "TopP",
-        "MinP",
-        "RepetitionPenalty",
-        "NoRepeatNGram",
-        "MinNewTokens",
-        "LogitBias",
-        "SuppressTokens",
-    ):
-        assert isinstance(getattr(anylogits, name), type), name
+    names = set(anylogits.processors.__all__)
+    assert {"TopK", "RepetitionPenalty", "JSONSchema", "Watermark", "StopStrings"} <= names
+    for name in names:
+        assert getattr(anylogits, name) is getattr(anylogits.processors, name), name
+        assert name in anylogits.__all__, name
+    assert callable(anylogits.detect_watermark)
 
 
 def test_factories_are_listed_but_loaded_lazily() -> None:

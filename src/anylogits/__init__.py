@@ -21,9 +21,11 @@ from anylogits.core import (
 from anylogits.core.requests import vllm_xargs
 from anylogits.processors import (
     XTC,
+    BadWords,
     Choice,
     EpsilonCutoff,
     EtaCutoff,
+    ExponentialDecayLength,
     Grammar,
     JSONSchema,
     LogitBias,
@@ -32,6 +34,8 @@ from anylogits.processors import (
     NoRepeatNGram,
     Regex,
     RepetitionPenalty,
+    SequenceBias,
+    StopStrings,
     SuppressTokens,
     Temperature,
     TopH,
@@ -75,10 +79,12 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "XTC",
+    "BadWords",
     "Batch",
     "Choice",
     "EpsilonCutoff",
     "EtaCutoff",
+    "ExponentialDecayLength",
     "Grammar",
     "JSONSchema",
     "LogitBias",
@@ -89,7 +95,9 @@ __all__ = [
     "Pipeline",
     "Regex",
     "RepetitionPenalty",
+    "SequenceBias",
     "StatefulLogitsProcessor",
+    "StopStrings",
     "SuppressTokens",
     "Temperature",
     "TopH",

@@ -3,6 +3,12 @@
 from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
 from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
 from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
+from anylogits.processors.sequences import (
+    BadWords,
+    ExponentialDecayLength,
+    SequenceBias,
+    StopStrings,
+)
 from anylogits.processors.structured import Choice, Grammar, JSONSchema, Regex
 from anylogits.processors.truncation import EpsilonCutoff, EtaCutoff, TopH, TopNSigma, TypicalP
 from anylogits.processors.watermark import Watermark
@@ -10,9 +16,11 @@ from anylogits.processors.xtc import XTC
 
 __all__ = [
     "XTC",
+    "BadWords",
     "Choice",
     "EpsilonCutoff",
     "EtaCutoff",
+    "ExponentialDecayLength",
     "Grammar",
     "JSONSchema",
     "LogitBias",
@@ -21,6 +29,8 @@ __all__ = [
     "NoRepeatNGram",
     "Regex",
     "RepetitionPenalty",
+    "SequenceBias",
+    "StopStrings",
     "SuppressTokens",
     "Temperature",
     "TopH",
