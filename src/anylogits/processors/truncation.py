@@ -7,7 +7,7 @@ several processors run the same code and give bit-identical rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -132,7 +132,57 @@ def _rank_threshold(
     return torch.maximum(values.gather(-1, last), values.gather(-1, protected[:, None]))
 
 
-class EpsilonCutoff(LogitsProcessor):
+def _epsilon_rows(
+    logits: torch.Tensor, batch: Batch, epsilons: torch.Tensor, min_keep: torch.Tensor
+) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    # Cast through the tensor, as a Python float compared with the probabilities is.
+    floor = epsilons.to(probs.device, probs.dtype)[:, None]
+    return keep_only(logits, _with_top_tokens(logits, probs >= floor, min_keep))
+
+
+def _eta_rows(
+    logits: torch.Tensor, batch: Batch, epsilons: torch.Tensor, min_keep: torch.Tensor
+) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    entropy, _ = _categorical_entropy(logits)
+    # The oracle keeps epsilon as a 0-dim float32 tensor: its square root is taken in
+    # float32, and both are cast to the logits' dtype before meeting the entropy.
+    epsilons = epsilons.to(device=logits.device, dtype=torch.float32)
+    scaled = epsilons.sqrt().to(logits.dtype)[:, None] * torch.exp(-entropy)
+    eta = torch.minimum(epsilons.to(logits.dtype)[:, None], scaled)
+    return keep_only(logits, _with_top_tokens(logits, probs >= eta, min_keep))
+
+
+class _ProbabilityFloor(LogitsProcessor):
+    """What EpsilonCutoff and EtaCutoff share: an ``epsilon`` and ``min_tokens_to_keep``
+    per row, applied by the subclass's ``_rows`` function."""
+
+    argmax_invariant = True
+    _rows: Callable[..., torch.Tensor]
+
+    def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
+        self.epsilon = probability("epsilon", epsilon)
+        self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
+        self._epsilons = row_values([self.epsilon])
+        self._min_keep = torch.tensor([self.min_tokens_to_keep])
+
+    def config(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "min_tokens_to_keep": self.min_tokens_to_keep}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return type(self)._rows(logits, batch, self._epsilons, self._min_keep)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        return RowwiseProcessor(
+            cls._rows,
+            epsilons=row_values([p.epsilon for p in processors]),  # type: ignore[attr-defined]
+            min_keep=torch.tensor([p.min_tokens_to_keep for p in processors]),  # type: ignore[attr-defined]
+        )
+
+
+class EpsilonCutoff(_ProbabilityFloor):
     """Epsilon sampling: keep tokens whose probability is at least ``epsilon``.
 
     Oracle: transformers ``EpsilonLogitsWarper`` (identical; probabilities in the logits'
@@ -153,39 +203,10 @@ class EpsilonCutoff(LogitsProcessor):
     """
 
     spec_name = "epsilon_cutoff"
-    argmax_invariant = True
-
-    def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
-        self.epsilon = probability("epsilon", epsilon)
-        self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
-        self._epsilons = row_values([self.epsilon])
-        self._min_keep = torch.tensor([self.min_tokens_to_keep])
-
-    def config(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon, "min_tokens_to_keep": self.min_tokens_to_keep}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _epsilon_rows(logits, batch, self._epsilons, self._min_keep)
-
-    @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        return RowwiseProcessor(
-            _epsilon_rows,
-            epsilons=row_values([p.epsilon for p in processors]),  # type: ignore[attr-defined]
-            min_keep=torch.tensor([p.min_tokens_to_keep for p in processors]),  # type: ignore[attr-defined]
-        )
+    _rows = staticmethod(_epsilon_rows)
 
 
-def _epsilon_rows(
-    logits: torch.Tensor, batch: Batch, epsilons: torch.Tensor, min_keep: torch.Tensor
-) -> torch.Tensor:
-    probs = logits.softmax(dim=-1)
-    # Cast through the tensor, as a Python float compared with the probabilities is.
-    floor = epsilons.to(probs.device, probs.dtype)[:, None]
-    return keep_only(logits, _with_top_tokens(logits, probs >= floor, min_keep))
-
-
-class EtaCutoff(LogitsProcessor):
+class EtaCutoff(_ProbabilityFloor):
     """Eta sampling: keep tokens whose probability is at least
     ``eta = min(epsilon, sqrt(epsilon) * exp(-H))``, ``H`` the entropy of the row.
 
@@ -207,40 +228,7 @@ class EtaCutoff(LogitsProcessor):
     """
 
     spec_name = "eta_cutoff"
-    argmax_invariant = True
-
-    def __init__(self, epsilon: float, min_tokens_to_keep: int = 1) -> None:
-        self.epsilon = probability("epsilon", epsilon)
-        self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
-        self._epsilons = row_values([self.epsilon])
-        self._min_keep = torch.tensor([self.min_tokens_to_keep])
-
-    def config(self) -> dict[str, Any]:
-        return {"epsilon": self.epsilon, "min_tokens_to_keep": self.min_tokens_to_keep}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _eta_rows(logits, batch, self._epsilons, self._min_keep)
-
-    @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        return RowwiseProcessor(
-            _eta_rows,
-            epsilons=row_values([p.epsilon for p in processors]),  # type: ignore[attr-defined]
-            min_keep=torch.tensor([p.min_tokens_to_keep for p in processors]),  # type: ignore[attr-defined]
-        )
-
-
-def _eta_rows(
-    logits: torch.Tensor, batch: Batch, epsilons: torch.Tensor, min_keep: torch.Tensor
-) -> torch.Tensor:
-    probs = logits.softmax(dim=-1)
-    entropy, _ = _categorical_entropy(logits)
-    # The oracle keeps epsilon as a 0-dim float32 tensor: its square root is taken in
-    # float32, and both are cast to the logits' dtype before meeting the entropy.
-    epsilons = epsilons.to(device=logits.device, dtype=torch.float32)
-    scaled = epsilons.sqrt().to(logits.dtype)[:, None] * torch.exp(-entropy)
-    eta = torch.minimum(epsilons.to(logits.dtype)[:, None], scaled)
-    return keep_only(logits, _with_top_tokens(logits, probs >= eta, min_keep))
+    _rows = staticmethod(_eta_rows)
 
 
 def _categorical_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
