@@ -35,6 +35,16 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
         "decay_factor": 1.5,
         "eos_token_id": 1,
     },
+    "presence_penalty": {"type": "presence_penalty", "penalty": 0.5},
+    "frequency_penalty": {"type": "frequency_penalty", "penalty": 0.5},
+    "dry": {
+        "type": "dry",
+        "multiplier": 0.8,
+        "base": 1.75,
+        "allowed_length": 1,
+        "sequence_breakers": [],
+        "penalty_last_n": -1,
+    },
     "watermark": {
         "type": "watermark",
         "bias": 4.0,

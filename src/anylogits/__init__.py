@@ -20,18 +20,21 @@ from anylogits.core import (
 )
 from anylogits.core.requests import vllm_xargs
 from anylogits.processors import (
+    DRY,
     XTC,
     BadWords,
     Choice,
     EpsilonCutoff,
     EtaCutoff,
     ExponentialDecayLength,
+    FrequencyPenalty,
     Grammar,
     JSONSchema,
     LogitBias,
     MinNewTokens,
     MinP,
     NoRepeatNGram,
+    PresencePenalty,
     Regex,
     RepetitionPenalty,
     SequenceBias,
@@ -78,6 +81,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DRY",
     "XTC",
     "BadWords",
     "Batch",
@@ -85,6 +89,7 @@ __all__ = [
     "EpsilonCutoff",
     "EtaCutoff",
     "ExponentialDecayLength",
+    "FrequencyPenalty",
     "Grammar",
     "JSONSchema",
     "LogitBias",
@@ -93,6 +98,7 @@ __all__ = [
     "MinP",
     "NoRepeatNGram",
     "Pipeline",
+    "PresencePenalty",
     "Regex",
     "RepetitionPenalty",
     "SequenceBias",

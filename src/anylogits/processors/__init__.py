@@ -1,6 +1,7 @@
 """The processor catalogue, torch only, one module per family."""
 
 from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
+from anylogits.processors.occurrence_penalties import DRY, FrequencyPenalty, PresencePenalty
 from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
 from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
 from anylogits.processors.sequences import (
@@ -15,18 +16,21 @@ from anylogits.processors.watermark import Watermark
 from anylogits.processors.xtc import XTC
 
 __all__ = [
+    "DRY",
     "XTC",
     "BadWords",
     "Choice",
     "EpsilonCutoff",
     "EtaCutoff",
     "ExponentialDecayLength",
+    "FrequencyPenalty",
     "Grammar",
     "JSONSchema",
     "LogitBias",
     "MinNewTokens",
     "MinP",
     "NoRepeatNGram",
+    "PresencePenalty",
     "Regex",
     "RepetitionPenalty",
     "SequenceBias",

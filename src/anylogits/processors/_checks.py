@@ -50,3 +50,32 @@ def ids_within(name: str, ids: Iterable[int], width: int, what: str) -> None:
             raise ValueError(
                 f"{name} holds token id {token_id}, but the {what} has only {width} ids"
             )
+
+
+def finite_float(name: str, value: Any, *, minimum: float | None = None) -> float:
+    """A finite number (of either sign unless ``minimum`` is given), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``True`` or ``False`` itself: specs from JSON must not turn ``0`` or ``"no"`` into flags."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def nonempty_strings(name: str, values: Any) -> tuple[str, ...]:
+    """A list of non-empty strings (a bare string is rejected, not split into characters)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a list of strings, got {values!r}")
+    strings = tuple(values)
+    for value in strings:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must hold non-empty strings, got {value!r} in {values!r}")
+    return strings

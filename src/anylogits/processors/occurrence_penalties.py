@@ -1,0 +1,544 @@
+"""Penalties on what the sequence repeats: OpenAI's presence and frequency penalties on
+generated tokens, and DRY ("don't repeat yourself") on repeated token sequences."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.vocab import Vocabulary
+from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
+from anylogits.processors.sampling import opmath, row_values
+
+
+class _RowwiseWithSequences(RowwiseProcessor):
+    """Stacked presence / frequency penalties: they read prompt lengths, so whatever runs
+    them must know which sequence each row is."""
+
+    needs_sequences = True
+
+
+def _output_tokens(
+    batch: Batch, width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The tokens each row generated after its prompt, as columns of ``width`` logits.
+
+    Returns ``(index, usable, has_any)``, or ``None`` when no row generated anything.
+    ``index`` is the ``(B, G)`` tail of the right-aligned history, ``G`` the longest
+    generation; prompt tokens, padding and ids ``>= width`` (no logit to penalize) are not
+    ``usable`` and are replaced by a usable id of the same row, so reading or writing them
+    repeats work done for that id. ``has_any`` (``(B, 1)``) marks rows holding a usable id.
+    """
+    generated = batch.generated_lengths
+    longest = int(generated.max()) if generated.numel() else 0
+    if longest <= 0:
+        return None
+    ids = batch.token_ids[:, -longest:].to(device)
+    columns = torch.arange(longest, device=device)
+    usable = (columns >= (longest - generated.to(device))[:, None]) & (ids < width)
+    fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
+    return torch.where(usable, ids, fill.clamp(min=0)), usable, fill >= 0
+
+
+class PresencePenalty(LogitsProcessor):
+    """Subtract ``penalty`` once from every token the sequence has generated so far.
+
+    OpenAI's ``presence_penalty``: only tokens generated after the prompt count, so the
+    prompt is never penalized. Arithmetic as vLLM's: the penalty is rounded to float32
+    (float64 for float64 logits) and subtracted in that precision.
+
+    Oracles: vLLM ``apply_penalties`` (identical); llama.cpp ``penalties`` sampler and
+    mlx-lm ``make_presence_penalty`` when they are given the generated tokens only and
+    their window covers them (llama.cpp's server and mlx-lm also count prompt tokens
+    inside their last-n window; see ``conformance_tests/test_oracles_penalties.py``).
+
+    Args:
+        penalty: any finite number (OpenAI accepts -2 to 2); > 0 discourages repeating
+            a token, < 0 encourages it, 0 is a no-op.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.occurrence_penalties import PresencePenalty
+        >>> pipeline = Pipeline([PresencePenalty(0.5)])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0]]))  # the prompt: not penalized
+        tensor([[0., 0., 0.]])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0, 1, 1]]))  # generated 1, 1
+        tensor([[ 0.0000, -0.5000,  0.0000]])
+    """
+
+    spec_name = "presence_penalty"
+    needs_sequences = True
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = finite_float("penalty", penalty)
+
+    def config(self) -> dict[str, Any]:
+        return {"penalty": self.penalty}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return _presence_penalty(logits, batch, row_values([self.penalty]))
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+        return _RowwiseWithSequences(_presence_penalty, penalty=penalties)
+
+
+def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+    found = _output_tokens(batch, logits.shape[-1], logits.device)
+    if found is None:
+        return logits
+    index, _, has_any = found
+    seen = logits.gather(1, index)
+    amount = opmath(penalty, logits)[:, None]
+    penalized = (seen.to(amount.dtype) - amount).to(seen.dtype)
+    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+
+
+class FrequencyPenalty(LogitsProcessor):
+    """Subtract ``penalty`` times the number of times each token was generated so far.
+
+    OpenAI's ``frequency_penalty``: only tokens generated after the prompt count. As in
+    vLLM, ``penalty * count`` is computed in float32 (float64 for float64 logits) and
+    subtracted in that precision.
+
+    Oracles: vLLM ``apply_penalties`` (identical); llama.cpp ``penalties`` sampler
+    (identical when given the generated tokens only); mlx-lm ``make_frequency_penalty``
+    (it subtracts ``penalty`` once per occurrence, rounding each time: equal on values
+    that round exactly, within float32 rounding otherwise).
+
+    Args:
+        penalty: any finite number (OpenAI accepts -2 to 2); 0 is a no-op.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.occurrence_penalties import FrequencyPenalty
+        >>> pipeline = Pipeline([FrequencyPenalty(0.5)])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1]]))  # the prompt: not penalized
+        tensor([[0., 0., 0.]])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1, 2, 0, 2]]))  # generated 2, 0, 2
+        tensor([[-0.5000,  0.0000, -1.0000]])
+    """
+
+    spec_name = "frequency_penalty"
+    needs_sequences = True
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = finite_float("penalty", penalty)
+
+    def config(self) -> dict[str, Any]:
+        return {"penalty": self.penalty}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return _frequency_penalty(logits, batch, row_values([self.penalty]))
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+        return _RowwiseWithSequences(_frequency_penalty, penalty=penalties)
+
+
+def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+    found = _output_tokens(batch, logits.shape[-1], logits.device)
+    if found is None:
+        return logits
+    index, usable, has_any = found
+    # A (B, V + 1) table as vLLM builds it (unusable positions count in the extra column):
+    # one scatter, far cheaper than sorting the history on CPU.
+    width = logits.shape[-1]
+    table = torch.zeros(index.shape[0], width + 1, dtype=torch.int32, device=index.device)
+    counted = torch.where(usable, index, width)
+    counts = table.scatter_add_(1, counted, torch.ones_like(counted, dtype=torch.int32))
+    counts = counts.gather(1, index)
+    seen = logits.gather(1, index)
+    rate = opmath(penalty, logits)[:, None]
+    penalized = (seen.to(rate.dtype) - rate * counts.to(rate.dtype)).to(seen.dtype)
+    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+
+
+# llama.cpp's limits on sequence breakers (llama_sampler_init_dry): the text is cut to 40
+# bytes and the tokens that follow a breaker's first token to 20.
+MAX_BREAKER_BYTES = 40
+MAX_BREAKER_TAIL = 20
+# llama.cpp caps the exponent so that base ** exponent stays below float32's maximum.
+_FLOAT_MAX_LOG = 88.7228391
+
+
+class DRY(LogitsProcessor):
+    """DRY ("don't repeat yourself"): penalize a token that would extend a repeat of an
+    earlier part of the sequence, exponentially in the repeat's length.
+
+    For every earlier position ``j`` whose last ``n`` tokens equal the last ``n`` tokens
+    of the sequence (``n`` as long as possible), the token after ``j`` would make the
+    repeat ``n + 1`` long. If ``n >= allowed_length`` that token loses
+    ``multiplier * base ** (n - allowed_length)`` (the largest such penalty when several
+    repeats lead to it). A repeat may not reach back across a sequence breaker: ``n`` is
+    at most the number of tokens after the latest breaker, and a token that is itself a
+    one-token breaker is never penalized. Only the last ``penalty_last_n`` tokens of the
+    history (prompt included, as llama.cpp's server and koboldcpp count it) are searched.
+
+    Sequence breakers are strings, mapped to token ids with the bound vocabulary exactly
+    as llama.cpp does (``get_overlapping_token_sequences``), on the tokens' bytes:
+
+    * each breaker is cut to its first 40 UTF-8 bytes;
+    * a token whose bytes contain the breaker is a one-token breaker;
+    * a token whose bytes end with the beginning of the breaker (``b"x\\n"`` for the
+      breaker ``"\\n\\n###"``) starts a multi-token breaker: that token followed by the
+      tokenization of the breaker's rest (``vocab.encode("\\n###")``, cut to 20 tokens).
+      A rest that does not start on a UTF-8 character boundary is skipped (it is not
+      text to tokenize).
+
+    llama.cpp matches a breaker against the detokenized piece, which drops the leading
+    space of SentencePiece pieces and, for BPE vocabularies, a space before ``?!.,``;
+    the two mappings differ only for breakers that contain such a space.
+
+    The search is vectorized over the batch and the history: every position's repeat
+    length comes from block ranks built by doubling: about ``log2(longest repeat)``
+    rounds, each one ``torch.unique`` of the searched history (none while no repeat of
+    two tokens or more exists). Python loops run only over the breakers' token
+    sequences, never over rows, history or vocabulary.
+
+    Arithmetic as llama.cpp's: ``multiplier`` and ``base`` are rounded to float32 (kept
+    float64 for float64 logits), ``multiplier * base ** exponent`` is computed in double
+    and rounded to float32 once, the exponent is capped at
+    ``int(88.7228391 / log(base))`` so the power stays finite, and the penalty is
+    subtracted in float32 (then rounded to half types).
+
+    Oracle: llama.cpp's ``dry`` sampler (``llama_sampler_init_dry``) fed the same tokens
+    with ``llama_sampler_accept``: identical on float32 logits.
+
+    Args:
+        multiplier: the penalty for a repeat of exactly ``allowed_length`` tokens, >= 0
+            (0 disables it, as in llama.cpp).
+        base: growth per extra repeated token, >= 1.
+        allowed_length: longest repeat that is not penalized, >= 0.
+        sequence_breakers: strings that end a repeat (llama.cpp's defaults). Breakers
+            need the model's vocabulary; pass ``()`` for none.
+        penalty_last_n: how many of the last tokens to search; -1 searches the whole
+            history, 0 disables the penalty (llama.cpp).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, Vocabulary
+        >>> from anylogits.processors.occurrence_penalties import DRY
+        >>> vocab = Vocabulary((b"a", b"b", b"c", b"\\n"))
+        >>> history = torch.tensor([[0, 1, 2, 0, 1]])  # "abcab": "c" would repeat "abc"
+        >>> Pipeline([DRY(0.8)], vocab)(torch.zeros(1, 4), history)
+        tensor([[ 0.0000,  0.0000, -0.8000,  0.0000]])
+    """
+
+    spec_name = "dry"
+
+    def __init__(
+        self,
+        multiplier: float,
+        base: float = 1.75,
+        allowed_length: int = 2,
+        sequence_breakers: Sequence[str] = ("\n", ":", '"', "*"),
+        penalty_last_n: int = -1,
+    ) -> None:
+        self.multiplier = finite_float("multiplier", multiplier, minimum=0.0)
+        self.base = finite_float("base", base, minimum=1.0)
+        self.allowed_length = int_at_least("allowed_length", allowed_length, 0)
+        self.sequence_breakers = nonempty_strings("sequence_breakers", sequence_breakers)
+        self.penalty_last_n = int_at_least("penalty_last_n", penalty_last_n, -1)
+        self._table: BreakerTable | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "multiplier": self.multiplier,
+            "base": self.base,
+            "allowed_length": self.allowed_length,
+            "sequence_breakers": list(self.sequence_breakers),
+            "penalty_last_n": self.penalty_last_n,
+        }
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        if vocab is not None and self.sequence_breakers:
+            self._table = breaker_table(vocab, self.sequence_breakers)
+        else:
+            self._table = None
+
+    def breakers(self) -> BreakerTable:
+        """The sequence breakers as token ids of the bound vocabulary."""
+        if not self.sequence_breakers:
+            return _NO_BREAKERS
+        if self._table is None:
+            raise ValueError(
+                "DRY needs the model's vocabulary to find its sequence_breakers: build the "
+                "hook with the model's tokenizer, or pass sequence_breakers=()"
+            )
+        return self._table
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return _dry_rows(
+            logits,
+            batch,
+            owner=self,
+            multipliers=row_values([self.multiplier]),
+            bases=row_values([self.base]),
+            allowed_lengths=torch.tensor([self.allowed_length]),
+            last_ns=torch.tensor([self.penalty_last_n]),
+        )
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
+        first: DRY = processors[0]  # type: ignore[assignment]
+        rows: list[DRY] = list(processors)  # type: ignore[arg-type]
+        if any(
+            p.sequence_breakers != first.sequence_breakers or p.vocab is not first.vocab
+            for p in rows
+        ):
+            return None
+        return RowwiseProcessor(
+            _dry_rows,
+            owner=first,
+            multipliers=row_values([p.multiplier for p in rows]),
+            bases=row_values([p.base for p in rows]),
+            allowed_lengths=torch.tensor([p.allowed_length for p in rows]),
+            last_ns=torch.tensor([p.penalty_last_n for p in rows]),
+        )
+
+
+@dataclass(eq=False)
+class BreakerTable:
+    """Sequence breakers as token ids of one vocabulary.
+
+    Attributes:
+        vocab_size: ids ``>= vocab_size`` are never breakers.
+        single: ids whose text contains a breaker.
+        tails: for each rest of a breaker (as token ids), the ids whose text ends with the
+            breaker's beginning.
+    """
+
+    vocab_size: int
+    single: frozenset[int]
+    tails: dict[tuple[int, ...], frozenset[int]]
+    _on_device: dict[torch.device, Any] = field(default_factory=dict, repr=False)
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, list[tuple[torch.Tensor, tuple]]]:
+        """``(single id mask, [(head id mask, tail ids), ...])`` on ``device``."""
+        cached = self._on_device.get(device)
+        if cached is None:
+            cached = (
+                self._mask(self.single, device),
+                [(self._mask(heads, device), tail) for tail, heads in self.tails.items()],
+            )
+            self._on_device[device] = cached
+        return cached
+
+    def _mask(self, ids: frozenset[int], device: torch.device) -> torch.Tensor:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[sorted(ids)] = True
+        return mask.to(device)
+
+
+_NO_BREAKERS = BreakerTable(0, frozenset(), {})
+# Resolving breakers reads the whole vocabulary (~0.1 s for 128k tokens), and an engine
+# builds one processor per request: resolve once per vocabulary.
+_TABLES: weakref.WeakKeyDictionary[Vocabulary, dict[tuple[str, ...], BreakerTable]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def breaker_table(vocab: Vocabulary, breakers: tuple[str, ...]) -> BreakerTable:
+    """``breakers`` mapped to token ids of ``vocab`` (see :class:`DRY`), cached."""
+    per_vocab = _TABLES.setdefault(vocab, {})
+    table = per_vocab.get(breakers)
+    if table is None:
+        table = per_vocab[breakers] = _resolve_breakers(vocab, breakers)
+    return table
+
+
+def _resolve_breakers(vocab: Vocabulary, breakers: tuple[str, ...]) -> BreakerTable:
+    single: set[int] = set()
+    tails: dict[tuple[int, ...], set[int]] = {}
+    rests: dict[bytes, tuple[int, ...] | None] = {}
+    for breaker in breakers:
+        needle = breaker.encode("utf-8")[:MAX_BREAKER_BYTES]
+        first = needle[:1]
+        for token_id, piece in enumerate(vocab.tokens):
+            if needle in piece:
+                single.add(token_id)
+                continue
+            start = piece.find(first)
+            while start != -1:
+                if needle.startswith(piece[start:]):
+                    rest = needle[len(piece) - start :]
+                    if rest not in rests:
+                        rests[rest] = _tokenize_rest(vocab, breaker, rest)
+                    tail = rests[rest]
+                    if tail == ():
+                        single.add(token_id)  # llama.cpp: an empty tail is a one-token breaker
+                    elif tail is not None:
+                        tails.setdefault(tail, set()).add(token_id)
+                start = piece.find(first, start + 1)
+    return BreakerTable(
+        vocab.size,
+        frozenset(single),
+        {tail: frozenset(heads) for tail, heads in tails.items()},
+    )
+
+
+def _tokenize_rest(vocab: Vocabulary, breaker: str, rest: bytes) -> tuple[int, ...] | None:
+    try:
+        text = rest.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if vocab.encode is None:
+        raise ValueError(
+            f"DRY sequence breaker {breaker!r} can start inside a token, so its rest "
+            f"{text!r} must be tokenized, but the vocabulary has no tokenizer: build the "
+            "hook with the model's tokenizer"
+        )
+    return tuple(vocab.encode(text))[:MAX_BREAKER_TAIL]
+
+
+def _lookup(mask: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``mask[ids]``, False for ids outside the mask (sentinels, padded logits)."""
+    size = mask.shape[0]
+    if size == 0:
+        return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    return mask[ids.clamp(0, size - 1)] & (ids >= 0) & (ids < size)
+
+
+def _dry_rows(
+    logits: torch.Tensor,
+    batch: Batch,
+    owner: DRY,
+    multipliers: torch.Tensor,
+    bases: torch.Tensor,
+    allowed_lengths: torch.Tensor,
+    last_ns: torch.Tensor,
+) -> torch.Tensor:
+    """DRY with one parameter (or one per row) in ``multipliers`` ... ``last_ns``."""
+    device = logits.device
+    multipliers, bases = multipliers.to(device), bases.to(device)
+    allowed, last_ns = allowed_lengths.to(device), last_ns.to(device)
+    lengths = batch.lengths.to(device)
+    windows = torch.where(last_ns < 0, lengths, torch.minimum(lengths, last_ns))
+    windows = torch.where(multipliers > 0, windows, 0)
+    if not bool((windows > allowed).any()):
+        return logits
+    width = int(windows.max())
+    ids = batch.token_ids[:, -width:].to(device)
+    columns = torch.arange(width, device=device)
+    inside = columns >= (width - windows)[:, None]
+    # A position outside the window holds an id no other position of its row holds, so no
+    # repeat and no breaker reaches it.
+    tokens = torch.where(inside, ids, -1 - columns)
+    single, tails = owner.breakers().on(device)
+    limits = _repeat_limits(tokens, windows, single, tails)
+    if not bool(((windows > allowed) & (limits >= allowed)).any()):
+        return logits
+    # The repeat each position ends, cut at the latest breaker: a token after position j
+    # would extend it by one.
+    repeats = torch.minimum(_suffix_match_lengths(tokens, int(limits.max())), limits[:, None])
+    followers = tokens[:, 1:]
+    eligible = inside[:, :-1] & (windows > allowed)[:, None] & (repeats >= allowed[:, None])
+    eligible &= (followers < logits.shape[-1]) & ~_lookup(single, followers)
+    exponents = (repeats - allowed[:, None]).clamp(min=0)
+    exponents = torch.minimum(exponents, _max_exponents(bases)[:, None])
+    # As llama.cpp: float32 parameters (float64 for float64 logits), the power and product
+    # in double, the penalty rounded once.
+    multipliers = opmath(multipliers, logits).double()[:, None]
+    bases = opmath(bases, logits).double()[:, None]
+    penalties = multipliers * torch.pow(bases, exponents.to(torch.float64))
+    index = torch.where(eligible, followers, 0)
+    seen = logits.gather(1, index)
+    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    penalized = (seen.to(wide) - penalties.to(wide)).to(logits.dtype)
+    # amin keeps the largest penalty of a token several repeats lead to; +inf is a no-op.
+    penalized = torch.where(eligible, penalized, float("inf"))
+    return logits.scatter_reduce_(1, index, penalized, reduce="amin")
+
+
+def _max_exponents(bases: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's cap on the exponent, ``int(88.7228391f / logf(base))`` in float32, for
+    bases above 1.000001 (no cap below)."""
+    bases32 = bases.to(torch.float32)
+    capped = bases32 > torch.tensor(1.000001, dtype=torch.float32)
+    logs = torch.log(torch.where(capped, bases32, 2.0))
+    caps = (torch.tensor(_FLOAT_MAX_LOG, dtype=torch.float32, device=bases.device) / logs).to(
+        torch.int64
+    )
+    return torch.where(capped & (caps > 0), caps, torch.iinfo(torch.int64).max)
+
+
+def _repeat_limits(
+    tokens: torch.Tensor,
+    windows: torch.Tensor,
+    single: torch.Tensor,
+    tails: list[tuple[torch.Tensor, tuple]],
+) -> torch.Tensor:
+    """Per row, how many tokens follow the latest sequence breaker (the whole window when
+    there is none): the longest a repeat may be (llama.cpp's ``rep_limit``).
+
+    "Latest" is by the breaker's first token, and among breakers starting there the
+    longest one counts, as in llama.cpp's backward scan.
+    """
+    width = tokens.shape[1]
+    columns = torch.arange(width, device=tokens.device)
+    ends = torch.where(_lookup(single, tokens), columns, -1)
+    for heads, tail in tails:
+        size = len(tail)
+        if size >= width:
+            continue
+        starts = width - size
+        match = _lookup(heads, tokens[:, :starts])
+        for offset, token_id in enumerate(tail, 1):
+            match &= tokens[:, offset : starts + offset] == token_id
+        tail_ends = torch.where(match, columns[:starts] + size, -1)
+        ends[:, :starts] = torch.maximum(ends[:, :starts], tail_ends)
+    latest = torch.where(ends >= 0, columns, -1).amax(dim=1)
+    end = ends.gather(1, latest.clamp(min=0)[:, None])[:, 0]
+    return torch.where(latest >= 0, width - 1 - end, windows)
+
+
+def _suffix_match_lengths(tokens: torch.Tensor, longest: int) -> torch.Tensor:
+    """``(B, W - 1)``: for each position ``j``, how many tokens ending at ``j`` equal the
+    tokens ending at the last position (exact up to ``longest``, at least ``longest``
+    beyond).
+
+    ``ranks[d][b, j]`` numbers the block of ``2 ** d`` tokens ending at ``j``: two blocks of
+    a row are equal exactly when their numbers are (no hashing). Level 0 is the tokens
+    themselves; a block reaching left of column 0 gets a number of its own. Each length is
+    then grown greedily, largest block first (binary lifting), comparing one block pair
+    per level for all positions at once, so the cost is ``log2`` of the longest repeat in
+    rounds, whatever its length. Levels stop early once no block equals the last one.
+    Positions are only compared within a row, so rows share numbers.
+    """
+    batch_size, width = tokens.shape
+    lengths = torch.zeros(batch_size, width - 1, dtype=torch.int64, device=tokens.device)
+    if longest <= 0 or width < 2:
+        return lengths
+    columns = torch.arange(width, device=tokens.device)
+    rank = tokens + width  # outside-window sentinels (>= -width) become >= 0
+    classes = int(rank.max()) + 1  # keys below classes ** 2 fit int64 for int32 token ids
+    ranks = [rank]
+    while (2 << (len(ranks) - 1)) <= longest and bool((rank[:, :-1] == rank[:, -1:]).any()):
+        span = 1 << (len(ranks) - 1)
+        if len(ranks) > 1:
+            renumbered, rank = torch.unique(rank, return_inverse=True)
+            classes = renumbered.numel()
+        keys = rank[:, :-span] * classes + rank[:, span:]
+        crossing = (-1 - columns[:span]).expand(batch_size, span)
+        rank = torch.cat([crossing, keys], dim=1)
+        ranks.append(rank)
+    positions = columns[:-1]
+    for level in reversed(range(len(ranks))):
+        earlier = positions - lengths
+        same = ranks[level].gather(1, earlier.clamp(min=0)) == ranks[level].gather(
+            1, width - 1 - lengths
+        )
+        lengths += torch.where(same & (earlier >= 0), 1 << level, 0)
+    return lengths
