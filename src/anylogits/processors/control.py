@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +10,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._checks import ids_within, int_at_least, token_id_list
+from anylogits.processors._checks import finite_float, ids_within, int_at_least, token_id_list
 
 
 class _TokenColumns:
@@ -62,11 +61,7 @@ class LogitBias(LogitsProcessor):
             token_id = _token_id_key(key)
             if token_id in normalized:
                 raise ValueError(f"bias names token id {token_id} twice ({key!r})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"bias[{key!r}] must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"bias[{key!r}] must be finite, got {value!r}")
-            normalized[token_id] = float(value)
+            normalized[token_id] = finite_float(f"bias[{key!r}]", value)
         self.bias = normalized
         self._columns = _TokenColumns("bias", tuple(normalized))
         self._values: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}

@@ -4,7 +4,7 @@ generated tokens, and DRY ("don't repeat yourself") on repeated token sequences.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,59 @@ def _output_tokens(
     return torch.where(usable, ids, fill.clamp(min=0)), usable, fill >= 0
 
 
-class PresencePenalty(LogitsProcessor):
+def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+    found = _output_tokens(batch, logits.shape[-1], logits.device)
+    if found is None:
+        return logits
+    index, _, has_any = found
+    seen = logits.gather(1, index)
+    amount = opmath(penalty, logits)[:, None]
+    penalized = (seen.to(amount.dtype) - amount).to(seen.dtype)
+    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+
+
+def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+    found = _output_tokens(batch, logits.shape[-1], logits.device)
+    if found is None:
+        return logits
+    index, usable, has_any = found
+    # A (B, V + 1) table as vLLM builds it (unusable positions count in the extra column):
+    # one scatter, far cheaper than sorting the history on CPU.
+    width = logits.shape[-1]
+    table = torch.zeros(index.shape[0], width + 1, dtype=torch.int32, device=index.device)
+    counted = torch.where(usable, index, width)
+    counts = table.scatter_add_(1, counted, torch.ones_like(counted, dtype=torch.int32))
+    counts = counts.gather(1, index)
+    seen = logits.gather(1, index)
+    rate = opmath(penalty, logits)[:, None]
+    penalized = (seen.to(rate.dtype) - rate * counts.to(rate.dtype)).to(seen.dtype)
+    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+
+
+class _OutputTokenPenalty(LogitsProcessor):
+    """What PresencePenalty and FrequencyPenalty share: one finite ``penalty`` per row,
+    applied to generated tokens by the subclass's ``_rows`` function."""
+
+    needs_sequences = True
+    _rows: Callable[..., torch.Tensor]
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = finite_float("penalty", penalty)
+        self._penalties = row_values([self.penalty])  # built once, not on every call
+
+    def config(self) -> dict[str, Any]:
+        return {"penalty": self.penalty}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return type(self)._rows(logits, batch, self._penalties)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+        return _RowwiseWithSequences(cls._rows, penalty=penalties)
+
+
+class PresencePenalty(_OutputTokenPenalty):
     """Subtract ``penalty`` once from every token the sequence has generated so far.
 
     OpenAI's ``presence_penalty``: only tokens generated after the prompt count, so the
@@ -74,35 +126,10 @@ class PresencePenalty(LogitsProcessor):
     """
 
     spec_name = "presence_penalty"
-    needs_sequences = True
-
-    def __init__(self, penalty: float) -> None:
-        self.penalty = finite_float("penalty", penalty)
-
-    def config(self) -> dict[str, Any]:
-        return {"penalty": self.penalty}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _presence_penalty(logits, batch, row_values([self.penalty]))
-
-    @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
-        return _RowwiseWithSequences(_presence_penalty, penalty=penalties)
+    _rows = staticmethod(_presence_penalty)
 
 
-def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
-    found = _output_tokens(batch, logits.shape[-1], logits.device)
-    if found is None:
-        return logits
-    index, _, has_any = found
-    seen = logits.gather(1, index)
-    amount = opmath(penalty, logits)[:, None]
-    penalized = (seen.to(amount.dtype) - amount).to(seen.dtype)
-    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
-
-
-class FrequencyPenalty(LogitsProcessor):
+class FrequencyPenalty(_OutputTokenPenalty):
     """Subtract ``penalty`` times the number of times each token was generated so far.
 
     OpenAI's ``frequency_penalty``: only tokens generated after the prompt count. As in
@@ -129,39 +156,7 @@ class FrequencyPenalty(LogitsProcessor):
     """
 
     spec_name = "frequency_penalty"
-    needs_sequences = True
-
-    def __init__(self, penalty: float) -> None:
-        self.penalty = finite_float("penalty", penalty)
-
-    def config(self) -> dict[str, Any]:
-        return {"penalty": self.penalty}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _frequency_penalty(logits, batch, row_values([self.penalty]))
-
-    @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
-        return _RowwiseWithSequences(_frequency_penalty, penalty=penalties)
-
-
-def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
-    found = _output_tokens(batch, logits.shape[-1], logits.device)
-    if found is None:
-        return logits
-    index, usable, has_any = found
-    # A (B, V + 1) table as vLLM builds it (unusable positions count in the extra column):
-    # one scatter, far cheaper than sorting the history on CPU.
-    width = logits.shape[-1]
-    table = torch.zeros(index.shape[0], width + 1, dtype=torch.int32, device=index.device)
-    counted = torch.where(usable, index, width)
-    counts = table.scatter_add_(1, counted, torch.ones_like(counted, dtype=torch.int32))
-    counts = counts.gather(1, index)
-    seen = logits.gather(1, index)
-    rate = opmath(penalty, logits)[:, None]
-    penalized = (seen.to(rate.dtype) - rate * counts.to(rate.dtype)).to(seen.dtype)
-    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+    _rows = staticmethod(_frequency_penalty)
 
 
 # llama.cpp's limits on sequence breakers (llama_sampler_init_dry): the text is cut to 40

@@ -3,7 +3,6 @@ towards EOS, and stop strings that end generation."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -12,7 +11,13 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._checks import ids_within, int_at_least, positive_float, token_id_list
+from anylogits.processors._checks import (
+    finite_float,
+    ids_within,
+    int_at_least,
+    positive_float,
+    token_id_list,
+)
 from anylogits.processors.control import _TokenColumns
 from anylogits.processors.sampling import opmath
 
@@ -231,14 +236,10 @@ class SequenceBias(LogitsProcessor):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise ValueError(f"biases[{index}] must be a [token_ids, bias] pair, got {pair!r}")
             sequence = _sequence(f"biases[{index}][0]", pair[0])
-            bias = pair[1]
-            if isinstance(bias, bool) or not isinstance(bias, (int, float)):
-                raise ValueError(f"biases[{index}][1] must be a number, got {bias!r}")
-            if not math.isfinite(bias):
-                raise ValueError(f"biases[{index}][1] must be finite, got {bias!r}")
+            bias = finite_float(f"biases[{index}][1]", pair[1])
             if sequence in pairs:
                 raise ValueError(f"biases[{index}] repeats the sequence {list(sequence)}")
-            pairs[sequence] = float(bias)
+            pairs[sequence] = bias
         self.biases = pairs
         sequences, values = list(pairs), list(pairs.values())
         self._ends = _SequenceEnds("biases", sequences)

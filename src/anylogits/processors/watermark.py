@@ -14,7 +14,6 @@ permutations than the CPU one (Mersenne Twister).
 from __future__ import annotations
 
 import functools
-import math
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor
-from anylogits.processors._checks import int_at_least
+from anylogits.processors._checks import finite_float, int_at_least
 
 SEEDING_SCHEMES = ("lefthash", "selfhash")
 # transformers' constants: seeds are reduced modulo 2**64 - 1, selfhash hashes ids
@@ -92,7 +91,7 @@ class Watermark(LogitsProcessor):
         context_width: int = 1,
     ) -> None:
         self.greenlist_ratio = _greenlist_ratio(greenlist_ratio)
-        self.bias = _finite_float("bias", bias)
+        self.bias = finite_float("bias", bias)
         self.hashing_key = _hashing_key(hashing_key)
         self.seeding_scheme = _seeding_scheme(seeding_scheme)
         self.context_width = int_at_least("context_width", context_width, 1)
@@ -279,18 +278,10 @@ def check_watermark_parameters(
 
 
 def _greenlist_ratio(value: Any) -> float:
-    ratio = _finite_float("greenlist_ratio", value)
+    ratio = finite_float("greenlist_ratio", value)
     if not 0.0 < ratio < 1.0:
         raise ValueError(f"greenlist_ratio must lie in (0, 1), got {value!r}")
     return ratio
-
-
-def _finite_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
 
 
 def _hashing_key(value: Any) -> int:
