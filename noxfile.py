@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -20,7 +21,8 @@ TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 # What each backend's conformance session installs, and the module proving it is there.
 # llama_cpp also installs transformers: its tests compare with the same weights there.
 BACKENDS = {
-    # outlines: the peer the structured benchmark measures against (its smoke test).
+    # peers: outlines (the structured benchmark's yardstick, its smoke test) and
+    # logits-processor-zoo (the phrase processors' oracle).
     "transformers": {
         "extras": "transformers,structured",
         "module": "transformers",
@@ -121,6 +123,10 @@ def conformance(session: nox.Session, backend: str) -> None:
         *session.posargs,
         env={"ANYLOGITS_SUPPORT_DIR": str(SUPPORT_RESULTS)},
     )
+    if os.environ.get("CI"):
+        # A CI checkout is fresh, so the venv is never reused; four of them (vLLM's alone
+        # is ~3.5 GB) can fill a small disk before the last session runs.
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 @nox.session

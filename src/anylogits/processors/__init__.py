@@ -3,6 +3,14 @@
 from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
 from anylogits.processors.occurrence_penalties import DRY, FrequencyPenalty, PresencePenalty
 from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
+from anylogits.processors.phrases import (
+    CiteFromPrompt,
+    ForceLastPhrase,
+    ForceSequence,
+    GenLength,
+    MultipleChoice,
+    TriggerPhrase,
+)
 from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
 from anylogits.processors.sequences import (
     BadWords,
@@ -20,15 +28,20 @@ __all__ = [
     "XTC",
     "BadWords",
     "Choice",
+    "CiteFromPrompt",
     "EpsilonCutoff",
     "EtaCutoff",
     "ExponentialDecayLength",
+    "ForceLastPhrase",
+    "ForceSequence",
     "FrequencyPenalty",
+    "GenLength",
     "Grammar",
     "JSONSchema",
     "LogitBias",
     "MinNewTokens",
     "MinP",
+    "MultipleChoice",
     "NoRepeatNGram",
     "PresencePenalty",
     "Regex",
@@ -41,6 +54,7 @@ __all__ = [
     "TopK",
     "TopNSigma",
     "TopP",
+    "TriggerPhrase",
     "TypicalP",
     "Watermark",
 ]

@@ -1,0 +1,751 @@
+"""Phrase and answer control after NVIDIA's logits-processor-zoo.
+
+Force a phrase at the start of the answer (:class:`ForceSequence`), after a trigger
+(:class:`TriggerPhrase`) or before the end (:class:`ForceLastPhrase`); push the EOS
+token up or down with the answer's length (:class:`GenLength`); favour the prompt's
+tokens (:class:`CiteFromPrompt`); answer with one of a question's choice labels
+(:class:`MultipleChoice`).
+
+The zoo's transformers processors are the oracles. Where they differ from ours, on
+purpose:
+
+* **Sequences, not rows.** The zoo keeps its counters in tensors indexed by batch row
+  and resets them when a call does not extend the previous one, so beam search, row
+  moves, draft rollbacks and resumed sequences break them. Ours keep per-sequence state
+  (``init_state`` / ``advance``), so each row gets its own sequence's state wherever it
+  sits; each row also counts its own generated length (the zoo uses one for the batch).
+  Where the zoo decides from the logits to start a phrase (the model's top choice is
+  EOS or the trigger), the decision is kept under a hash of the row's tokens, where
+  ``advance`` finds it (see :class:`_PhraseOnTrigger`).
+* **Forcing is strict by default.** The zoo's ``enforce_tokens`` raises the forced tokens
+  to the row maximum and drops the rest to the row minimum: greedy decoding follows,
+  sampling may not (with 128k tokens, a row whose range is below ~12 nats still puts
+  most mass elsewhere). ``strict=True`` (default) sets every other token to ``-inf`` and
+  leaves the forced logits as they are; ``strict=False`` is the zoo's arithmetic, bit for
+  bit.
+* **Text.** Phrases given as text are encoded with the bound vocabulary's tokenizer, no
+  special tokens (the zoo's ``tokenizer.encode(..., add_special_tokens=False)``). Text
+  standing for one token (a trigger, a choice label, a delimiter, a boost token) must
+  encode to one token, a leading BOS or whitespace-only token tolerated; the zoo takes
+  the last token of up to two. Token ids are accepted everywhere text is.
+* **Dropped parameters.** ``tokenizer`` and ``batch_size`` (the bound vocabulary and the
+  batch replace them) and ``TriggerPhrase``'s ``trigger_time``: a wall-clock trigger makes
+  a sequence's output depend on when it ran, so it could not be replayed or resumed.
+  The per-class notes list the rest.
+
+Classifier-free guidance is not implemented, on any backend. CFG mixes the logits of
+the prompt with those of a second, unconditional (or negative) context:
+``uncond + scale * (cond - uncond)`` in log-softmax space. The mixing is trivial; the
+unconditional logits are not: they need a second model forward per step, over a second
+KV cache that must follow every sequence. A logits hook on vLLM, llama.cpp or MLX is
+handed logits and token ids, never the model, so it cannot make that forward. transformers'
+``UnbatchedClassifierFreeGuidanceLogitsProcessor`` does it by calling the model from
+inside the hook, with one cache for the whole batch that assumes rows never move (beam
+search and speculative decoding break it), and ``generate(guidance_scale=...)`` already
+exposes it. A transformers-only copy would add nothing that ``guidance_scale`` lacks,
+could not travel as a spec (a model is not JSON), and would break the promise that a
+catalogue processor runs on every backend. CFG belongs in the engine, which owns the
+forward passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.vocab import Vocabulary
+from anylogits.processors._checks import boolean, finite_float, int_at_least
+from anylogits.processors._forcing import (
+    TextOrIds,
+    as_config,
+    encode,
+    force,
+    single_token,
+    text_or_ids,
+    token_or_text,
+)
+from anylogits.processors.control import _TokenColumns
+from anylogits.processors.sequences import _eos_columns, _eos_ids, _no_eos
+
+
+class ForceSequence(LogitsProcessor):
+    """Force the first generated tokens to be ``phrase``, one per step.
+
+    At the ``g``-th generated position (from 0) the processor forces ``phrase[g]`` while
+    ``g < len(phrase)``, then leaves the model free: a forced opening such as
+    ``"```json\\n"`` or ``"<think>\\n"``. The position is the row's generated length, so no
+    state is needed. Like the zoo it counts positions: it does not check that earlier
+    forced tokens were taken (they always are with ``strict=True``).
+
+    Oracle: logits-processor-zoo ``TriggerPhraseLogitsProcessor`` fired at the first step
+    (a ``trigger_time`` of a nanosecond), with ``strict=False`` (identical result).
+
+    Args:
+        phrase: the text (encoded with the model's tokenizer, no special tokens added) or
+            the token ids to force.
+        strict: every other token becomes ``-inf``; ``False`` uses the zoo's arithmetic
+            (forced token raised to the row maximum, the rest lowered to the row minimum).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.phrases import ForceSequence
+        >>> pipeline = Pipeline([ForceSequence([2, 0])])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1]]))  # first call: the prompt
+        tensor([[-inf, -inf, 0.]])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1, 2]]))
+        tensor([[0., -inf, -inf]])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1, 2, 0]]))  # phrase done
+        tensor([[0., 0., 0.]])
+    """
+
+    spec_name = "force_sequence"
+    needs_sequences = True
+
+    def __init__(self, phrase: TextOrIds, strict: bool = True) -> None:
+        self.phrase = text_or_ids("phrase", phrase)
+        self.strict = boolean("strict", strict)
+        self._columns: _TokenColumns | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"phrase": as_config(self.phrase), "strict": self.strict}
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        self._columns = _TokenColumns(
+            "phrase", encode("ForceSequence", "phrase", self.phrase, vocab)
+        )
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        assert self._columns is not None, "bind() first (Pipeline does)"
+        phrase = self._columns.on(logits)
+        generated = batch.generated_lengths.to(logits.device)
+        rows = (generated < phrase.shape[0]).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return logits
+        return force(logits, phrase[generated[rows], None], self.strict, rows)
+
+
+class _Forcing(NamedTuple):
+    """Where one sequence stands with a triggered phrase (a value: never mutated)."""
+
+    position: int  # the phrase token to force at the next step; -1: none
+    remaining: int  # triggers left
+    tail: bytes | tuple[int, ...]  # generated text since the last phrase that a match may need
+    prefix: int  # hash of the sequence's tokens (replacing triggers only, else 0)
+
+
+# Decisions kept per processor: a few steps' worth for the largest batches engines run.
+_DECISIONS_KEPT = 1 << 16
+
+
+class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
+    """Force ``phrase`` token by token once a trigger fires, up to ``count`` times.
+
+    Two kinds of trigger: a *following* one fires once the generated text contains the
+    trigger, and the phrase starts at the next step; its state follows from the tokens
+    alone. A *replacing* one fires when the model's top choice for the next token is a
+    trigger token, and the phrase's first token is forced in its place. That depends on
+    the logits, which ``advance`` never sees, and the token cannot tell a forced first
+    phrase token from the model choosing it. So ``process`` records its decision under
+    the hash of the row's token prefix, and ``advance`` looks it up. The decision is a
+    function of the prefix (the same tokens give the same logits), so rows that share a
+    prefix (beams) agree, a rollback finds the decision that produced the next token,
+    and so does a replay of tokens this processor saw (an engine committing accepted
+    draft tokens, a resumed sequence). A prefix ``process`` never saw counts as "not
+    forced". The last :data:`_DECISIONS_KEPT` decisions are kept.
+    """
+
+    owner: ClassVar[str]
+    strict: bool
+
+    def _setup(self, phrase: str | tuple[int, ...], count: int, replaces: bool) -> None:
+        self._phrase = phrase
+        self._count = count
+        self._replaces = replaces
+        self._phrase_ids: tuple[int, ...] = ()
+        self._phrase_columns: _TokenColumns | None = None
+        self._trigger_columns = _TokenColumns("trigger", ())
+        self._trigger_key: bytes | tuple[int, ...] = b""
+        self._tokens: tuple[bytes, ...] = ()
+        self._top_was_trigger: dict[int, bool] = {}
+
+    def _bind_phrase(self, vocab: Vocabulary | None) -> None:
+        self._phrase_ids = encode(self.owner, "phrase", self._phrase, vocab)
+        self._phrase_columns = _TokenColumns("phrase", self._phrase_ids)
+        self._top_was_trigger.clear()  # decisions of another model's logits
+
+    def init_state(self, prompt_ids: torch.Tensor) -> _Forcing:
+        prefix = hash(tuple(prompt_ids.tolist())) if self._replaces else 0
+        return _Forcing(-1, self._count, self._trigger_key[:0], prefix)
+
+    def advance(self, state: _Forcing, token_id: int) -> _Forcing:
+        if state.remaining == 0:
+            return state  # done for good: nothing to match, nothing to decide
+        empty = self._trigger_key[:0]
+        prefix = hash((state.prefix, token_id)) if self._replaces else 0
+        if state.position >= 0:
+            return self._after_phrase_token(state.position, state.remaining, prefix)
+        if self._replaces:
+            if self._top_was_trigger.get(state.prefix, False):  # phrase[0] was forced here
+                return self._after_phrase_token(0, state.remaining, prefix)
+            return _Forcing(-1, state.remaining, empty, prefix)
+        tail, fired = self._matched(state.tail, token_id)
+        return _Forcing(0 if fired else -1, state.remaining, empty if fired else tail, prefix)
+
+    def _after_phrase_token(self, position: int, remaining: int, prefix: int) -> _Forcing:
+        empty = self._trigger_key[:0]
+        if position + 1 < len(self._phrase_ids):
+            return _Forcing(position + 1, remaining, empty, prefix)
+        # Phrase complete: only text generated after it can trigger again.
+        return _Forcing(-1, remaining - 1, empty, prefix)
+
+    def _matched(
+        self, tail: bytes | tuple[int, ...], token_id: int
+    ) -> tuple[bytes | tuple[int, ...], bool]:
+        trigger = self._trigger_key
+        if isinstance(trigger, bytes):
+            piece = self._tokens[token_id] if token_id < len(self._tokens) else b""
+            text: bytes | tuple[int, ...] = tail + piece  # type: ignore[operator]
+            # The tail holds no match (it would have fired), so any match is new.
+            fired = trigger in text  # type: ignore[operator]
+        else:
+            text = (*tail, token_id)
+            fired = text[len(text) - len(trigger) :] == trigger
+        keep = len(trigger) - 1
+        return text[len(text) - keep :] if keep else text[:0], fired
+
+    def _remember(self, prefix: int, top_was_trigger: bool) -> None:
+        decisions = self._top_was_trigger
+        decisions.pop(prefix, None)
+        decisions[prefix] = top_was_trigger
+        if len(decisions) > _DECISIONS_KEPT:
+            del decisions[next(iter(decisions))]
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        assert self._phrase_columns is not None, "bind() first (Pipeline does)"
+        states = batch.states(self)
+        positions = [state.position for state in states]
+        watching = (
+            [state.position < 0 and state.remaining > 0 for state in states]
+            if self._replaces
+            else []
+        )
+        if max(positions) < 0 and not any(watching):
+            return logits
+        phrase = self._phrase_columns.on(logits)
+        position = torch.tensor(positions, device=logits.device)
+        forcing = position >= 0
+        forced = phrase[position.clamp(min=0)]
+        if any(watching):
+            if not self._trigger_columns.ids:
+                raise _no_eos(self.owner)
+            starts = torch.isin(logits.argmax(1), self._trigger_columns.on(logits))
+            starts &= torch.tensor(watching, device=logits.device)
+            for state, watched, started in zip(states, watching, starts.tolist(), strict=True):
+                if watched:
+                    self._remember(state.prefix, started)
+            forcing |= starts
+            forced = torch.where(starts, phrase[0], forced)
+        rows = forcing.nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return logits
+        return force(logits, forced[rows, None], self.strict, rows)
+
+
+class TriggerPhrase(_PhraseOnTrigger):
+    """Force ``phrase`` when a trigger appears, up to ``trigger_count`` times.
+
+    ``trigger_after=False`` (the zoo's default): the trigger is one token; when it is the
+    model's top choice (the argmax of the logits this processor receives), the phrase's
+    first token is forced in its place, then the rest of the phrase. ``trigger_after=True``:
+    once the generated text contains the trigger, the phrase is forced from the next
+    step. A text trigger is then matched on the generated *bytes*, so it fires however
+    the model tokenized it (also inside a token, or across several); a list of ids fires
+    when the generated ids end with it. Only generated tokens count, and after a phrase
+    only text generated after it. Like the zoo, a started phrase is forced to its end,
+    one token per step, without checking that earlier forced tokens were taken.
+
+    Oracle: logits-processor-zoo ``TriggerPhraseLogitsProcessor`` with ``strict=False``
+    (identical under greedy decoding). Differences: the zoo's ``trigger_after=True``
+    fires when the trigger is the model's top choice, ours when it is generated (the
+    same token under greedy decoding, not under sampling); the zoo takes one trigger
+    token, ours any text or id sequence in that mode; ``trigger_time`` is not supported
+    (see the module notes).
+
+    Args:
+        trigger: text or token ids (one token when ``trigger_after`` is False).
+        phrase: text (encoded with the model's tokenizer) or token ids to force.
+        trigger_count: how many times the phrase may be forced, >= 1.
+        trigger_after: see above.
+        strict: every other token becomes ``-inf``; ``False`` uses the zoo's arithmetic.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.phrases import TriggerPhrase
+        >>> pipeline = Pipeline([TriggerPhrase([1], [3, 0])])
+        >>> pipeline(torch.tensor([[0.0, 5.0, 0.0, 0.0]]), torch.tensor([[2]]))  # wants 1
+        tensor([[-inf, -inf, -inf, 0.]])
+        >>> pipeline(torch.zeros(1, 4), torch.tensor([[2, 3]]))
+        tensor([[0., -inf, -inf, -inf]])
+    """
+
+    spec_name = "trigger_phrase"
+    owner = "TriggerPhrase"
+
+    def __init__(
+        self,
+        trigger: TextOrIds,
+        phrase: TextOrIds,
+        trigger_count: int = 1,
+        trigger_after: bool = False,
+        strict: bool = True,
+    ) -> None:
+        self.trigger = text_or_ids("trigger", trigger)
+        self.phrase = text_or_ids("phrase", phrase)
+        self.trigger_count = int_at_least("trigger_count", trigger_count, 1)
+        self.trigger_after = boolean("trigger_after", trigger_after)
+        self.strict = boolean("strict", strict)
+        if not self.trigger_after and isinstance(self.trigger, tuple) and len(self.trigger) > 1:
+            raise ValueError(
+                "trigger must be one token when trigger_after is False (it stands for the "
+                f"model's next token), got {len(self.trigger)} ids {list(self.trigger)}"
+            )
+        self._setup(self.phrase, self.trigger_count, replaces=not self.trigger_after)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "trigger": as_config(self.trigger),
+            "phrase": as_config(self.phrase),
+            "trigger_count": self.trigger_count,
+            "trigger_after": self.trigger_after,
+            "strict": self.strict,
+        }
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        self._bind_phrase(vocab)
+        trigger = self.trigger
+        if self._replaces:
+            one = trigger if isinstance(trigger, str) else trigger[0]
+            token_id = single_token(self.owner, "trigger", one, vocab)
+            self._trigger_columns = _TokenColumns("trigger", (token_id,))
+        elif isinstance(trigger, str):
+            if vocab is None:
+                raise ValueError(
+                    f"TriggerPhrase matches the text trigger {trigger!r} on decoded tokens: "
+                    "give the adapter the model's tokenizer, or pass token ids"
+                )
+            self._trigger_key = trigger.encode("utf-8")
+            self._tokens = vocab.tokens
+        else:
+            encode(self.owner, "trigger", trigger, vocab)  # range check
+            self._trigger_key = trigger
+
+
+class ForceLastPhrase(_PhraseOnTrigger):
+    """Say ``phrase`` before ending: when the model's top choice is EOS, force the phrase.
+
+    The first time the model's top choice (the argmax of the logits this processor
+    receives) is an EOS token, the phrase's first token is forced in its place, then the
+    rest of the phrase, one token per step. Afterwards the model is free: it may end, or
+    go on. It happens once per sequence.
+
+    Oracle: logits-processor-zoo ``ForceLastPhraseLogitsProcessor`` with ``strict=False``
+    (identical result). Differences: any of several EOS ids triggers (the zoo checks the
+    tokenizer's one ``eos_token_id``).
+
+    Args:
+        phrase: text (encoded with the model's tokenizer) or token ids to force.
+        eos_token_id: the id(s) whose top rank triggers; defaults to the bound
+            vocabulary's EOS ids.
+        strict: every other token becomes ``-inf``; ``False`` uses the zoo's arithmetic.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.phrases import ForceLastPhrase
+        >>> pipeline = Pipeline([ForceLastPhrase([1, 2], eos_token_id=3)])
+        >>> pipeline(torch.tensor([[0.0, 0.0, 0.0, 9.0]]), torch.tensor([[0]]))  # wants EOS
+        tensor([[-inf, 0., -inf, -inf]])
+        >>> pipeline(torch.tensor([[0.0, 0.0, 0.0, 9.0]]), torch.tensor([[0, 1]]))
+        tensor([[-inf, -inf, 0., -inf]])
+        >>> pipeline(torch.tensor([[0.0, 0.0, 0.0, 9.0]]), torch.tensor([[0, 1, 2]]))
+        tensor([[0., 0., 0., 9.]])
+    """
+
+    spec_name = "force_last_phrase"
+    owner = "ForceLastPhrase"
+
+    def __init__(
+        self,
+        phrase: TextOrIds,
+        eos_token_id: int | list[int] | None = None,
+        strict: bool = True,
+    ) -> None:
+        self.phrase = text_or_ids("phrase", phrase)
+        self.eos_token_id = _eos_ids(eos_token_id)
+        self.strict = boolean("strict", strict)
+        self._setup(self.phrase, 1, replaces=True)
+
+    def config(self) -> dict[str, Any]:
+        eos = None if self.eos_token_id is None else list(self.eos_token_id)
+        return {"phrase": as_config(self.phrase), "eos_token_id": eos, "strict": self.strict}
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        self._bind_phrase(vocab)
+        self._trigger_columns = _eos_columns(self.owner, self.eos_token_id, vocab)
+
+
+class _LengthState(NamedTuple):
+    boost_token_seen: bool  # a boosted token was generated: the boost stops
+    ends_sentence: bool  # the last token ends a sentence (for complete_sentences)
+
+
+_LENGTH_STATES = {
+    (seen, ends): _LengthState(seen, ends) for seen in (False, True) for ends in (False, True)
+}
+
+
+class GenLength(StatefulLogitsProcessor[_LengthState]):
+    """Raise (or lower) EOS with the answer's length: ``+ boost_factor * (n / 10) ** p``.
+
+    ``n`` is the number of generated tokens of the row. The boost applies until a boosted
+    token has been generated, and with ``complete_sentences`` only right after a token
+    that ends a sentence (the last token of ``"It is a sentence."`` or of
+    ``"It is a new line\\n"`` in the model's tokenizer, as the zoo picks them).
+
+    Oracle: logits-processor-zoo ``GenLengthLogitsProcessor`` (identical result; like it,
+    the boost is rounded to float32 before it is added, for any logits dtype).
+    Differences: ``n`` is per row (the zoo uses one count for the batch); "a boosted
+    token was generated" looks at generated tokens only (the zoo looks at the whole row
+    before the first generated token, which matters only with ``p = 0``); ``boost_token``
+    (the zoo's ``boost_token_str``) also takes a token id; without it every EOS id of the
+    vocabulary is boosted (the zoo boosts the tokenizer's one).
+
+    Args:
+        boost_factor: finite; positive shortens answers, negative lengthens them (the zoo
+            suggests [-1, 1]).
+        p: the power of the length, an integer >= 0.
+        complete_sentences: boost only after a sentence-ending token.
+        boost_token: the token to boost instead of EOS (e.g. ``"</think>"``), as one
+            token's text or id.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.phrases import GenLength
+        >>> pipeline = Pipeline([GenLength(1.0, boost_token=2)])
+        >>> _ = pipeline(torch.zeros(1, 3), torch.tensor([[0]]))  # the prompt
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0] + [1] * 20]))  # 20 generated
+        tensor([[0., 0., 4.]])
+    """
+
+    spec_name = "gen_length"
+
+    def __init__(
+        self,
+        boost_factor: float,
+        p: int = 2,
+        complete_sentences: bool = False,
+        boost_token: int | str | None = None,
+    ) -> None:
+        self.boost_factor = finite_float("boost_factor", boost_factor)
+        self.p = int_at_least("p", p, 0)
+        self.complete_sentences = boolean("complete_sentences", complete_sentences)
+        self.boost_token = (
+            None if boost_token is None else token_or_text("boost_token", boost_token)
+        )
+        self._boosted = _TokenColumns("boost_token", ())
+        self._sentence_ends: frozenset[int] = frozenset()
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "boost_factor": self.boost_factor,
+            "p": self.p,
+            "complete_sentences": self.complete_sentences,
+            "boost_token": self.boost_token,
+        }
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        if self.boost_token is not None:
+            boosted = (single_token("GenLength", "boost_token", self.boost_token, vocab),)
+        else:
+            boosted = tuple(sorted(vocab.eos_token_ids)) if vocab is not None else ()
+            if vocab is not None and not boosted:
+                raise ValueError("GenLength: the vocabulary has no EOS id; pass boost_token")
+        self._boosted = _TokenColumns("boost_token", boosted)
+        if self.complete_sentences:
+            self._sentence_ends = frozenset(
+                encode("GenLength", "the sentence-end probe", text, vocab)[-1]
+                for text in ("It is a sentence.", "It is a new line\n")
+            )
+
+    def init_state(self, prompt_ids: torch.Tensor) -> _LengthState:
+        ends = int(prompt_ids[-1]) in self._sentence_ends if prompt_ids.numel() else False
+        return _LENGTH_STATES[False, ends]
+
+    def advance(self, state: _LengthState, token_id: int) -> _LengthState:
+        seen = state.boost_token_seen or token_id in self._boosted.ids
+        return _LENGTH_STATES[seen, token_id in self._sentence_ends]
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if not self._boosted.ids:
+            raise _no_eos("GenLength")
+        states = batch.states(self)
+        counts = batch.generated_lengths.tolist()
+        # Exact integer powers in Python, as the zoo computes them (float pow may round),
+        # times "enabled" as a 0/1 factor (also as the zoo: a disabled row adds a signed 0).
+        scale = 10**self.p
+        boosts = [
+            (not state.boost_token_seen and (state.ends_sentence or not self.complete_sentences))
+            * (self.boost_factor * count**self.p / scale)
+            for state, count in zip(states, counts, strict=True)
+        ]
+        boost = torch.tensor(boosts, dtype=torch.float32, device=logits.device)
+        columns = self._boosted.on(logits)  # distinct ids: one add per cell
+        logits[:, columns] += boost[:, None]
+        return logits
+
+
+class _PromptTokens(NamedTuple):
+    boosted: torch.Tensor  # distinct prompt ids (and EOS ids when boosted), int64
+    followers: dict[int, torch.Tensor]  # prompt id -> distinct ids that follow it
+    last_token: int | None  # the last generated token, None before the first
+
+
+class CiteFromPrompt(StatefulLogitsProcessor[_PromptTokens]):
+    """Add ``boost_factor`` to every token of the prompt (negative: avoid them).
+
+    With ``conditional_boost_factor``, once a token has been generated, the tokens that
+    follow it somewhere in the prompt also get that boost, so quotes continue as written.
+
+    Oracle: logits-processor-zoo ``CiteFromPromptLogitsProcessor`` (identical result on
+    unpadded prompts). Differences: the zoo reads the prompt as the first call's
+    left-padded ``input_ids``, so in a padded batch it also boosts the pad id; ours reads
+    each sequence's own prompt. Any of several EOS ids is boosted (the zoo boosts one).
+
+    Args:
+        boost_factor: finite, added to each prompt token's logit.
+        boost_eos: also boost the EOS id(s).
+        conditional_boost_factor: finite, added to the prompt tokens that follow the last
+            generated token in the prompt; 0 turns it off.
+        eos_token_id: the EOS id(s) for ``boost_eos``; defaults to the bound vocabulary's.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.phrases import CiteFromPrompt
+        >>> pipeline = Pipeline([CiteFromPrompt(2.0, boost_eos=False)])
+        >>> pipeline(torch.zeros(1, 5), torch.tensor([[1, 3, 1]]))  # the prompt
+        tensor([[0., 2., 0., 2., 0.]])
+    """
+
+    spec_name = "cite_from_prompt"
+
+    def __init__(
+        self,
+        boost_factor: float = 1.0,
+        boost_eos: bool = True,
+        conditional_boost_factor: float = 0.0,
+        eos_token_id: int | list[int] | None = None,
+    ) -> None:
+        self.boost_factor = finite_float("boost_factor", boost_factor)
+        self.boost_eos = boolean("boost_eos", boost_eos)
+        self.conditional_boost_factor = finite_float(
+            "conditional_boost_factor", conditional_boost_factor
+        )
+        self.eos_token_id = _eos_ids(eos_token_id)
+        self._eos = self.eos_token_id or ()
+
+    def config(self) -> dict[str, Any]:
+        eos = None if self.eos_token_id is None else list(self.eos_token_id)
+        return {
+            "boost_factor": self.boost_factor,
+            "boost_eos": self.boost_eos,
+            "conditional_boost_factor": self.conditional_boost_factor,
+            "eos_token_id": eos,
+        }
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        if self.boost_eos:
+            self._eos = _eos_columns("CiteFromPrompt", self.eos_token_id, vocab).ids
+
+    def init_state(self, prompt_ids: torch.Tensor) -> _PromptTokens:
+        if self.boost_eos and not self._eos:
+            raise _no_eos("CiteFromPrompt")
+        prompt = prompt_ids.to("cpu", torch.int64)
+        eos = torch.tensor(self._eos if self.boost_eos else (), dtype=torch.int64)
+        boosted = torch.unique(torch.cat([prompt, eos]))
+        followers: dict[int, torch.Tensor] = {}
+        if self.conditional_boost_factor != 0 and prompt.numel() > 1:
+            pairs = torch.unique(torch.stack([prompt[:-1], prompt[1:]], 1), dim=0)
+            leaders, counts = torch.unique_consecutive(pairs[:, 0], return_counts=True)
+            split = torch.split(pairs[:, 1], counts.tolist())
+            followers = dict(zip(leaders.tolist(), split, strict=True))
+        return _PromptTokens(boosted, followers, None)
+
+    def advance(self, state: _PromptTokens, token_id: int) -> _PromptTokens:
+        return state._replace(last_token=token_id)
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        states = batch.states(self)
+        _add_per_row(logits, [state.boosted for state in states], self.boost_factor)
+        if self.conditional_boost_factor != 0:
+            nothing = states[0].boosted[:0]
+            followers = [
+                nothing if state.last_token is None else state.followers.get(state.last_token)
+                for state in states
+            ]
+            _add_per_row(
+                logits,
+                [nothing if ids is None else ids for ids in followers],
+                self.conditional_boost_factor,
+            )
+        return logits
+
+
+def _add_per_row(logits: torch.Tensor, ids_per_row: list[torch.Tensor], value: float) -> None:
+    """Add ``value`` to row ``b``'s distinct ``ids_per_row[b]`` (ids past the row skipped),
+    with the zoo's ``scores[i, ids] += value`` arithmetic."""
+    counts = torch.tensor([ids.numel() for ids in ids_per_row])
+    if not int(counts.sum()):
+        return
+    columns = torch.cat(ids_per_row).to(logits.device)
+    rows = torch.repeat_interleave(torch.arange(len(ids_per_row)), counts).to(logits.device)
+    inside = columns < logits.shape[1]
+    index = (rows[inside], columns[inside])
+    values = logits[index]
+    values += value
+    logits[index] = values
+
+
+class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
+    """Answer with one of the choice labels: only their tokens stay possible, every step.
+
+    With ``boost_first_words``, each label also gets ``boost_first_words`` times the
+    logit of its option's first word, found in the prompt as a line ``"<label><delimiter>
+    <first word> ..."`` (a token ending in a newline, the label, the delimiter, then the
+    word's token; labels are searched in order, each after the previous one, as the zoo
+    does). It helps models that know the answer's text better than its label.
+
+    Oracle: logits-processor-zoo ``MultipleChoiceLogitsProcessor`` with ``strict=False``
+    (identical result). Differences: labels and the delimiter must each be one token
+    (the zoo takes the last of up to two); two labels may not share a token; the
+    prompt is each sequence's own (the zoo reads the left-padded first call).
+
+    Args:
+        choices: the labels, as one token's text each or as token ids; default
+            ``["1", "2", "3", "4"]`` (the zoo's).
+        delimiter: the one token after a label in the prompt (text or id), used by
+            ``boost_first_words``.
+        boost_first_words: finite; 0 turns the prompt search off.
+        strict: every other token becomes ``-inf``; ``False`` uses the zoo's arithmetic
+            (labels raised together so the lowest ties the row maximum, the rest lowered
+            to the row minimum).
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.phrases import MultipleChoice
+        >>> pipeline = Pipeline([MultipleChoice([1, 3])])
+        >>> pipeline(torch.tensor([[4.0, 1.0, 3.0, 2.0]]), torch.tensor([[0]]))
+        tensor([[-inf, 1., -inf, 2.]])
+    """
+
+    spec_name = "multiple_choice"
+
+    def __init__(
+        self,
+        choices: list[str] | list[int] | None = None,
+        delimiter: str | int = ".",
+        boost_first_words: float = 0.0,
+        strict: bool = True,
+    ) -> None:
+        if choices is None:
+            choices = ["1", "2", "3", "4"]
+        if isinstance(choices, (str, bytes)) or not isinstance(choices, (list, tuple)):
+            raise ValueError(f"choices must be a list of labels, got {choices!r}")
+        if not choices:
+            raise ValueError("choices must hold at least one label")
+        self.choices = [token_or_text(f"choices[{i}]", c) for i, c in enumerate(choices)]
+        self.delimiter = token_or_text("delimiter", delimiter)
+        self.boost_first_words = finite_float("boost_first_words", boost_first_words)
+        self.strict = boolean("strict", strict)
+        self._columns: _TokenColumns | None = None
+        self._delimiter_id = -1
+        self._newline: torch.Tensor | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "choices": list(self.choices),
+            "delimiter": self.delimiter,
+            "boost_first_words": self.boost_first_words,
+            "strict": self.strict,
+        }
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        super().bind(vocab)
+        ids = [
+            single_token("MultipleChoice", f"choices[{i}]", choice, vocab)
+            for i, choice in enumerate(self.choices)
+        ]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"MultipleChoice: two choices are the same token: {ids}")
+        self._columns = _TokenColumns("choices", ids)
+        if self.boost_first_words:
+            if vocab is None:
+                raise ValueError(
+                    "MultipleChoice finds newline tokens in the vocabulary for "
+                    "boost_first_words: give the adapter the model's tokenizer"
+                )
+            self._delimiter_id = single_token("MultipleChoice", "delimiter", self.delimiter, vocab)
+            self._newline = torch.tensor([token.endswith(b"\n") for token in vocab.tokens])
+
+    def init_state(self, prompt_ids: torch.Tensor) -> tuple[int, ...]:
+        """The first-word token of each choice found in the prompt, in choice order."""
+        if not self.boost_first_words:
+            return ()
+        assert self._columns is not None and self._newline is not None
+        prompt = prompt_ids.to("cpu", torch.int64)
+        if prompt.numel() < 4:
+            return ()
+        heads = prompt[:-3]
+        newline = self._newline[heads.clamp(max=self._newline.numel() - 1)]
+        newline &= heads < self._newline.numel()
+        starts = (newline & (prompt[2:-1] == self._delimiter_id)).nonzero().squeeze(1).tolist()
+        labels, ids = self._columns.ids, prompt.tolist()
+        first_words: list[int] = []
+        for start in starts:
+            if ids[start + 1] == labels[len(first_words)]:
+                first_words.append(ids[start + 3])
+                if len(first_words) == len(labels):
+                    break
+        return tuple(first_words)
+
+    def advance(self, state: tuple[int, ...], token_id: int) -> tuple[int, ...]:
+        return state
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        assert self._columns is not None, "bind() first (Pipeline does)"
+        columns = self._columns.on(logits).expand(logits.shape[0], -1)
+        if self.boost_first_words:
+            states = batch.states(self)
+            width = len(self._columns.ids)
+            words = torch.tensor(
+                [list(state) + [-1] * (width - len(state)) for state in states],
+                dtype=torch.int64,
+                device=logits.device,
+            )
+            found = (words >= 0) & (words < logits.shape[1])
+            boost = logits.gather(1, words.clamp(0, logits.shape[1] - 1)) * self.boost_first_words
+            labels = logits.gather(1, columns)
+            logits.scatter_(1, columns, torch.where(found, labels + boost, labels))
+        return force(logits, columns, self.strict)
