@@ -16,7 +16,7 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
     "top_k": {"type": "top_k", "top_k": 5},
     "top_p": {"type": "top_p", "top_p": 0.8},
     "min_p": {"type": "min_p", "min_p": 0.2},
-    "repetition_penalty": {"type": "repetition_penalty", "penalty": 1.5},
+    "repetition_penalty": {"type": "repetition_penalty", "penalty": 1.5, "context_size": 4},
     "no_repeat_ngram": {"type": "no_repeat_ngram", "ngram_size": 2},
     "min_new_tokens": {"type": "min_new_tokens", "min_new_tokens": 3, "eos_token_id": 1},
     "logit_bias": {"type": "logit_bias", "bias": {"2": 3.0, "5": -2.0}},
@@ -51,6 +51,27 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
         "seeding_scheme": "selfhash",
         "context_width": 2,
     },
+    "force_sequence": {"type": "force_sequence", "phrase": [3, 5, 7]},
+    "trigger_phrase": {
+        "type": "trigger_phrase",
+        "trigger": [5],
+        "phrase": [4, 6],
+        "trigger_count": 2,
+        "trigger_after": True,
+    },
+    "force_last_phrase": {
+        "type": "force_last_phrase",
+        "phrase": [4, 6],
+        "eos_token_id": list(range(32)),
+    },
+    "gen_length": {"type": "gen_length", "boost_factor": 0.5, "p": 1, "boost_token": 1},
+    "cite_from_prompt": {
+        "type": "cite_from_prompt",
+        "boost_factor": 1.5,
+        "conditional_boost_factor": 0.5,
+        "eos_token_id": 1,
+    },
+    "multiple_choice": {"type": "multiple_choice", "choices": [2, 3, 5]},
     "stateful_probe": {"type": "testing.generated_hash_bias", "bias": 4.0},
 }
 

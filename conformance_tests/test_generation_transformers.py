@@ -1,6 +1,9 @@
 """Level 4 on transformers: real generate() on the tiny model.
 
-Three kinds of check:
+Four kinds of check:
+- every catalogue processor (the cross-engine cases other engines are compared with):
+  greedy tokens of ``generate`` with the hook equal a plain step-by-step loop through
+  ``Pipeline``, and differ from the same loop without the processor;
 - greedy / seeded-sampling tokens under each processor equal those under the matching
   transformers-native processor, and the native one must change the output first;
 - constraints hold (banned tokens absent, no repeated n-grams, min new tokens);
@@ -48,6 +51,13 @@ from anylogits import (  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
+)
+from conformance_tests.reference import (  # noqa: E402
+    CROSS_ENGINE_CASES,
+    EOS,
+    WITHOUT_THE_PROCESSOR,
+    hf_greedy,
+    step_by_step_greedy,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
@@ -105,6 +115,29 @@ def assert_same_and_effective(
 ) -> None:
     assert not torch.equal(native, plain), "the native processor did not change the output"
     assert torch.equal(ours, native), f"\nours   {ours.tolist()}\nnative {native.tolist()}"
+
+
+# -- every catalogue processor: generate() with the hook equals a step-by-step loop ------
+
+
+def test_the_cases_name_the_tiny_models_eos(tokenizer: Any) -> None:
+    assert tokenizer.eos_token_id == EOS
+
+
+@pytest.mark.support("generation", backend="transformers")
+@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
+def test_generate_with_the_hook_equals_a_step_by_step_loop(
+    model: Any, tokenizer: Any, case: str
+) -> None:
+    prompt = tokenizer.encode(COUNTING)
+    plain = hf_greedy(model, tokenizer, prompt)
+    processors = CROSS_ENGINE_CASES[case]
+    without = WITHOUT_THE_PROCESSOR.get(case, lambda plain: [])(plain)
+    expected = step_by_step_greedy(model, tokenizer, prompt, *processors(plain))
+    assert expected != step_by_step_greedy(model, tokenizer, prompt, *without), (
+        f"{case} did not change the output"
+    )
+    assert hf_greedy(model, tokenizer, prompt, *processors(plain)) == expected
 
 
 # -- greedy and sampled tokens equal the native processors' -------------------------------

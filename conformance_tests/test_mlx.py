@@ -239,6 +239,24 @@ def test_repetition_penalty_matches_make_logits_processors(seed: int) -> None:
     np.testing.assert_allclose(ours(RepetitionPenalty(1.3), logits, history), expected, rtol=1e-6)
 
 
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("context_size", [1, 4, 20])
+def test_repetition_penalty_context_size_matches_repetition_context_size(
+    seed: int, context_size: int
+) -> None:
+    logits = _logits(seed)
+    history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
+    (native,) = make_logits_processors(repetition_penalty=1.3, repetition_context_size=context_size)
+    expected = np.array(native(mx.array(history), mx.array(logits)))
+    assert not np.array_equal(expected, ours(RepetitionPenalty(1.3), logits, history))
+    np.testing.assert_allclose(
+        ours(RepetitionPenalty(1.3, context_size=context_size), logits, history),
+        expected,
+        rtol=1e-6,
+    )
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_logit_bias_matches_make_logits_processors(seed: int) -> None:
     logits = _logits(seed)

@@ -7,8 +7,9 @@ pinned where they do not:
   token tied with the k-th, like transformers. Compared on tie-free logits.
 - repetition penalty: llama.cpp penalizes only the last ``penalty_last_n`` tokens it was
   told about with ``llama_sampler_accept``, and llama-cpp-python accepts only generated
-  tokens, never the prompt; ours (transformers' semantics) penalizes the whole history.
-  Equal when every history token is accepted and ``penalty_last_n`` covers them.
+  tokens, never the prompt; ours counts the prompt too (transformers' semantics), the
+  whole history by default and the last ``context_size`` tokens with it. Equal when
+  every history token is accepted and ``context_size == penalty_last_n``.
 """
 
 from __future__ import annotations
@@ -124,13 +125,20 @@ def test_repetition_penalty_matches_when_the_window_covers_the_history(
     )
 
 
-def test_repetition_penalty_window_is_a_known_difference() -> None:
-    logits = random_logits(0)
-    history = list(range(10)) + [20] * 5  # ids 0-9 only outside a window of 5
-    windowed = native(
-        lambda: llama_cpp.llama_sampler_init_penalties(VOCAB, 5, 1.5, 0.0, 0.0), logits, history
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="llama_cpp")
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("last_n", [1, 5, 17])
+def test_repetition_penalty_context_size_matches_penalty_last_n(seed: int, last_n: int) -> None:
+    logits = random_logits(seed)
+    logits[:50:7] = 0.0
+    history = _history(seed, 40)
+    expected = native(
+        lambda: llama_cpp.llama_sampler_init_penalties(VOCAB, last_n, 1.5, 0.0, 0.0),
+        logits,
+        history,
     )
     whole = ours(RepetitionPenalty(1.5), logits, history)
-    np.testing.assert_array_equal(windowed[:10], logits[:10])  # llama.cpp: outside window
-    assert not np.allclose(whole[:10], logits[:10])  # ours: the whole history
-    np.testing.assert_allclose(whole[20], windowed[20], rtol=1e-6)
+    assert not np.array_equal(expected, whole), "the window made no difference"
+    np.testing.assert_allclose(
+        ours(RepetitionPenalty(1.5, context_size=last_n), logits, history), expected, rtol=1e-6
+    )

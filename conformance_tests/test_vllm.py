@@ -2,8 +2,9 @@
 float32, in-process engine) against transformers on the same weights; a mixed batch whose
 rows finish, leave and move; vLLM's own sampling parameters as oracles on the same engine.
 
-Not yet compared (anylogits has no such processors yet): vLLM's ``presence_penalty``,
-``frequency_penalty`` and ``bad_words``. Speculative decoding is not run here: vLLM's V1
+vLLM's ``presence_penalty``, ``frequency_penalty`` and ``bad_words`` are compared with
+ours function by function in ``test_oracles_penalties`` / ``test_oracles_sequences``.
+Speculative decoding is not run here: vLLM's V1
 runner refuses custom logits processors with it (one engine per module keeps this fast).
 """
 

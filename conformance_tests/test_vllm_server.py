@@ -63,8 +63,14 @@ CHAT_TEMPLATE = (
 )
 CHAT_MESSAGES = [{"role": "user", "content": "Count with me: 1 2 3 4 5 6 7 8"}]
 
-# The stateful probe is a testing-only processor type the server does not import.
-SERVER_CASES = sorted(name for name in CROSS_ENGINE_CASES if name != "stateful_probe")
+
+def _uses_probes(case: str) -> bool:
+    processors = CROSS_ENGINE_CASES[case](list(range(NEW_TOKENS)))
+    return any(processor.spec_name.startswith("testing.") for processor in processors)
+
+
+# Probes are testing-only processor types, which the server process does not import.
+SERVER_CASES = sorted(name for name in CROSS_ENGINE_CASES if not _uses_probes(name))
 
 
 @dataclass

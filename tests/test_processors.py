@@ -35,6 +35,7 @@ INF = math.inf
         (lambda: TopP(0.0), r"top_p must lie in \(0, 1\], got 0.0"),
         (lambda: MinP(-0.1), r"min_p must lie in \[0, 1\], got -0.1"),
         (lambda: RepetitionPenalty(-1), "penalty must be a finite number > 0, got -1"),
+        (lambda: RepetitionPenalty(1.2, context_size=0), "context_size must be >= 1, got 0"),
         (lambda: NoRepeatNGram(0), "ngram_size must be >= 1, got 0"),
         (lambda: MinNewTokens(-1), "min_new_tokens must be >= 0, got -1"),
         (lambda: MinNewTokens(1, eos_token_id=[-2]), "eos_token_id must hold token ids"),
@@ -113,6 +114,27 @@ def test_repetition_penalty_ignores_padding_of_ragged_rows() -> None:
     out = Pipeline([RepetitionPenalty(2.0)])(logits, ids, lengths=torch.tensor([1, 3]))
     assert out[0].tolist() == [2, 1, 2, 2, 2, 2, 2, 2, 2, 2]
     assert out[1].tolist() == [1, 2, 1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def test_repetition_penalty_context_size_counts_only_each_rows_last_tokens() -> None:
+    # Row 0 is [1, 2, 3] (9 is padding), row 1 is [4, 1, 2, 5]; a window of 2 sees
+    # [2, 3] and [2, 5], the prompt included.
+    ids = torch.tensor([[9, 1, 2, 3], [4, 1, 2, 5]])
+    logits = torch.full((2, 10), 2.0)
+    out = Pipeline([RepetitionPenalty(2.0, context_size=2)])(
+        logits, ids, lengths=torch.tensor([3, 4])
+    )
+    assert out[0].tolist() == [2, 2, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert out[1].tolist() == [2, 2, 1, 2, 2, 1, 2, 2, 2, 2]
+    wide = Pipeline([RepetitionPenalty(2.0, context_size=50)])(torch.full((2, 10), 2.0), ids)
+    assert torch.equal(wide, Pipeline([RepetitionPenalty(2.0)])(torch.full((2, 10), 2.0), ids))
+
+
+def test_repetition_penalties_stack_only_with_one_context_size() -> None:
+    same = [RepetitionPenalty(1.5, context_size=3), RepetitionPenalty(2.0, context_size=3)]
+    assert RepetitionPenalty.stack(same) is not None
+    mixed = [RepetitionPenalty(1.5, context_size=3), RepetitionPenalty(1.5)]
+    assert RepetitionPenalty.stack(mixed) is None
 
 
 def test_no_repeat_ngram_ignores_windows_in_the_padding() -> None:

@@ -13,8 +13,11 @@ from anylogits.processors._checks import int_at_least, positive_float
 from anylogits.processors.sampling import opmath, row_values
 
 
-def history_within(batch: Batch, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``(B, L)`` history with every id usable as a column of ``width`` logits.
+def history_within(
+    batch: Batch, width: int, last: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``(B, L)`` history with every id usable as a column of ``width`` logits; with
+    ``last``, only each row's last ``last`` tokens (``(B, min(L, last))``).
 
     Padding and ids ``>= width`` (models whose embedding is wider than their LM head) are
     replaced by an id the same row already holds, so gathering / scattering them only
@@ -22,9 +25,15 @@ def history_within(batch: Batch, width: int) -> tuple[torch.Tensor, torch.Tensor
     when all do); rows that hold none must be left unchanged.
     """
     ids = batch.token_ids
+    lengths = batch.lengths.to(ids.device)
+    if last is not None and ids.shape[1] > last:
+        # Right-aligned: every row's last tokens share the last columns.
+        ids = ids[:, -last:]
+        lengths = lengths.clamp(max=last)
     usable = ids < width
-    if batch.lengths.min() < ids.shape[1]:
-        usable &= batch.valid_mask
+    if lengths.min() < ids.shape[1]:
+        columns = torch.arange(ids.shape[1], device=ids.device)
+        usable &= columns >= (ids.shape[1] - lengths)[:, None]
     if bool(usable.all()):
         return ids, None
     fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
@@ -39,9 +48,17 @@ class RepetitionPenalty(LogitsProcessor):
 
     Oracle: transformers ``RepetitionPenaltyLogitsProcessor`` (identical result, including
     its choice to penalize prompt tokens and left-padding ids that ``generate`` passes).
+    With ``context_size``: mlx-lm ``make_repetition_penalty(penalty, context_size)`` and
+    llama.cpp's ``penalties`` sampler with ``penalty_last_n`` fed the whole sequence, as
+    its server does (identical; llama.cpp tests ``logit <= 0`` where we test ``< 0``,
+    the same at 0).
 
     Args:
         penalty: strictly positive; 1.0 is a no-op.
+        context_size: only the last ``context_size`` tokens of the sequence count, prompt
+            included (mlx-lm ``repetition_context_size``, llama.cpp ``penalty_last_n``),
+            >= 1; ``None`` counts the whole history (transformers, vLLM). 0 is rejected:
+            mlx-lm reads it as the whole history, llama.cpp as "disabled".
 
     Example:
         >>> import torch
@@ -53,25 +70,34 @@ class RepetitionPenalty(LogitsProcessor):
 
     spec_name = "repetition_penalty"
 
-    def __init__(self, penalty: float) -> None:
+    def __init__(self, penalty: float, context_size: int | None = None) -> None:
         self.penalty = positive_float("penalty", penalty)
+        self.context_size = (
+            None if context_size is None else int_at_least("context_size", context_size, 1)
+        )
 
     def config(self) -> dict[str, Any]:
-        return {"penalty": self.penalty}
+        return {"penalty": self.penalty, "context_size": self.context_size}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _repetition_penalty(logits, batch, self.penalty)
+        return _repetition_penalty(logits, batch, self.penalty, self.context_size)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
+        sizes = {p.context_size for p in processors}  # type: ignore[attr-defined]
+        if len(sizes) > 1:
+            return None
         penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
-        return RowwiseProcessor(_repetition_penalty, penalty=penalties)
+        return RowwiseProcessor(_repetition_penalty, penalty=penalties, context_size=sizes.pop())
 
 
 def _repetition_penalty(
-    logits: torch.Tensor, batch: Batch, penalty: float | torch.Tensor
+    logits: torch.Tensor,
+    batch: Batch,
+    penalty: float | torch.Tensor,
+    context_size: int | None = None,
 ) -> torch.Tensor:
-    ids, rows_with_ids = history_within(batch, logits.shape[-1])
+    ids, rows_with_ids = history_within(batch, logits.shape[-1], context_size)
     ids = ids.to(logits.device)
     seen = logits.gather(1, ids)
     if isinstance(penalty, torch.Tensor):

@@ -6,6 +6,8 @@ computes the same boost from the tokens alone, told the prompt length. Under any
 decoding mode the two must give the same tokens. A tracker that keys state by row (beam
 reordering), forgets rejected draft tokens, or restarts a sequence it lost track of
 (its state would restart from the prompt) makes them diverge within a few steps.
+
+:class:`ReverseRanks` makes a truncation visible to greedy decoding.
 """
 
 from __future__ import annotations
@@ -90,3 +92,17 @@ class GeneratedHashBiasRecompute(LogitsProcessor):
         for column in range(self.prompt_length, ids.shape[1]):
             hashes = (hashes * _MULTIPLIER + ids[:, column] + 1) % _MODULUS
         return _boost(logits, hashes, self.bias)
+
+
+class ReverseRanks(LogitsProcessor):
+    """Negate every finite logit, so greedy decoding takes the *least* likely token that
+    earlier processors kept (``-inf`` stays ``-inf``).
+
+    Greedy decoding never shows a truncation (the top token always survives it); after
+    this probe it shows exactly where the truncation cut, on every engine alike.
+    """
+
+    spec_name = "testing.reverse_ranks"
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return torch.where(torch.isfinite(logits), -logits, logits)
