@@ -137,6 +137,7 @@ def matrix(session: nox.Session) -> None:
         "python",
         "-m",
         "conformance_tests.support_matrix",
+        "--strict",
         str(SUPPORT_RESULTS),
         "docs/support-matrix.md",
     )

@@ -66,6 +66,14 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def hf_tokenizer(tiny_model_dir: Path) -> object:
+    """The tiny model's HF tokenizer (the real llama-bpe vocabulary)."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
 def hf_reference(tiny_model_dir: Path) -> tuple[object, object]:
     """transformers' model and tokenizer for the tiny model, float32: the reference."""
     import torch

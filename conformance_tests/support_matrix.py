@@ -158,6 +158,8 @@ def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) 
         "runs (`nox -s matrix`); do not edit by hand. Levels: hook (the adapter called as",
         "the backend calls it equals the core result), oracle (equals a native",
         "implementation on identical inputs), generation (real engine, tiny model).",
+        "A cell without oracle: that backend has no native implementation of the",
+        "processor (the oracle runs on the backends that have one).",
         "",
         "| processor | " + " | ".join(backends) + " |",
         "|---|" + "---|" * len(backends),

@@ -6,11 +6,15 @@ rolled back between calls the way beam search and speculative decoding do.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from anylogits import Pipeline
+from anylogits import Pipeline, from_spec
+from anylogits.core.vocab import hf_vocabulary
 from conformance_tests.catalogue import PROCESSOR_SPECS, build
+from conformance_tests.reference import SMALL_SCHEMA
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 VOCAB_SIZE = 64
@@ -68,3 +72,79 @@ def test_one_hook_runs_several_processors_in_order(backend) -> None:
         logits = torch.randn(batch, VOCAB_SIZE, generator=generator)
         actual = backend.call(hook, ids, logits.clone())
         torch.testing.assert_close(actual, core(logits.clone(), ids))
+
+
+# -- processors that need the model's vocabulary -------------------------------------------
+
+# Text arguments, grammars: the hook gets the tiny model's real tokenizer (128,256 tokens).
+VOCABULARY_SPECS: dict[str, dict[str, Any]] = {
+    "stop_strings": {"type": "stop_strings", "stop_strings": ["7 8", " 1"]},
+    "bad_words": {"type": "bad_words", "words": [" 3", "1 2"]},
+    "json_schema": {"type": "json_schema", "schema": SMALL_SCHEMA},
+    "regex": {"type": "regex", "pattern": r"[0-9]{1,3}( [0-9]{1,3})*"},
+    "choice": {"type": "choice", "choices": ["1 2 3 4 5 6 7 8 9", " 10 11 12 13 14 15 16"]},
+    "grammar": {"type": "grammar", "grammar": 'root ::= ("1" | " 2" | "34")+', "syntax": "gbnf"},
+    "dry": {"type": "dry", "multiplier": 0.8, "allowed_length": 1},
+    "force_sequence": {"type": "force_sequence", "phrase": " Sure, here it is"},
+    "trigger_phrase": {
+        "type": "trigger_phrase",
+        "trigger": "3",
+        "phrase": " five",
+        "trigger_after": True,
+    },
+    "multiple_choice": {"type": "multiple_choice", "choices": ["1", "2", "3"]},
+}
+# "0".."9" and " " in llama-bpe: the prompts.
+DIGITS = [15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 220]
+
+
+# What rows say where the processor allows it: every text rule above fires on it.
+SCRIPT = " 1 2 3 5 7 8 1 2 3 5 7 8 1 2 3"
+
+
+def _next_tokens(
+    processed: torch.Tensor, script: list[int], eos: list[int], generator: torch.Generator
+) -> torch.Tensor:
+    """One token per row: the script's next token where the processed logits allow it,
+    else one sampled from them (EOS only when it is all that is left)."""
+    logits = processed.to(torch.float32).clone()
+    allowed = torch.isfinite(logits)
+    allowed[:, eos] = False
+    logits[:, eos] = torch.where(allowed.any(1, keepdim=True), float("-inf"), logits[:, eos])
+    sampled = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+    wanted = torch.tensor(script[: logits.shape[0]])[:, None]
+    return torch.where(allowed.gather(1, wanted), wanted, sampled)
+
+
+@pytest.mark.support("hook")
+@pytest.mark.parametrize("name", sorted(VOCABULARY_SPECS))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_hook_with_a_vocabulary_equals_core(
+    backend, hf_tokenizer: Any, name: str, batch: int
+) -> None:
+    if backend.max_batch is not None and batch > backend.max_batch:
+        pytest.skip(f"{backend.name} hooks see at most {backend.max_batch} row(s) per call")
+    spec = VOCABULARY_SPECS[name]
+    hook = backend.hook([from_spec(spec)], tokenizer=hf_tokenizer)
+    core = Pipeline([from_spec(spec)], hf_vocabulary(hf_tokenizer))
+    generator = torch.Generator().manual_seed(batch)
+    width = len(hf_tokenizer)
+    eos = [hf_tokenizer.eos_token_id]
+    script = hf_tokenizer.encode(SCRIPT, add_special_tokens=False)
+    prompt = torch.tensor(DIGITS)[torch.randint(0, len(DIGITS), (batch, 6), generator=generator)]
+    ids = prompt
+    changed = False
+    for step in range(7):
+        logits = torch.randn(batch, width, generator=generator) * 3
+        expected = core(logits.clone(), ids)
+        actual = backend.call(hook, ids, logits.clone())
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        changed |= not torch.equal(expected, logits)
+        if step == 3:
+            ids = ids[:, :-2]  # rejected draft tokens
+            continue
+        parents = torch.randint(0, batch, (batch,), generator=generator)
+        wanted = [script[(step + row) % len(script)] for row in range(batch)]
+        chosen = _next_tokens(expected[parents], wanted, eos, generator)
+        ids = torch.cat([ids[parents], chosen], 1)
+    assert changed, f"{name} never changed the logits: the comparison would prove nothing"

@@ -16,6 +16,15 @@ import torch
 from anylogits.core.processor import LogitsProcessor
 
 
+def _vocabulary(tokenizer: Any) -> Any:
+    """The vocabulary a backend builds from the model's HF tokenizer (``None``: none)."""
+    if tokenizer is None:
+        return None
+    from anylogits.core.vocab import hf_vocabulary
+
+    return hf_vocabulary(tokenizer)
+
+
 class TransformersBackend:
     """``generate`` calls ``hook(input_ids (B, L) int64, scores (B, V) float32)``."""
 
@@ -59,7 +68,7 @@ class LlamaCppBackend:
         from anylogits.adapters.llama_cpp import LlamaCppLogitsProcessor, _Failures
         from anylogits.core.pipeline import Pipeline
 
-        return LlamaCppLogitsProcessor(Pipeline(processors), 0, _Failures())
+        return LlamaCppLogitsProcessor(Pipeline(processors, _vocabulary(tokenizer)), 0, _Failures())
 
     def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
         """llama-cpp-python's int32 history and its ``(id, logit, p)`` candidate records."""
@@ -100,7 +109,7 @@ class MlxBackend:
         from anylogits.adapters.mlx import MlxLogitsProcessor
         from anylogits.core.pipeline import Pipeline
 
-        return MlxLogitsProcessor(Pipeline(processors))
+        return MlxLogitsProcessor(Pipeline(processors, _vocabulary(tokenizer)))
 
     def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
         import mlx.core as mx
@@ -185,9 +194,15 @@ class VllmBackend:
         from anylogits.adapters.vllm import AnyLogitsV1
         from anylogits.core.specs import to_specs
 
-        return _VllmHook(
-            AnyLogitsV1(VllmConfig(), torch.device("cpu"), False), to_specs(processors)
-        )
+        processor = AnyLogitsV1(VllmConfig(), torch.device("cpu"), False)
+        if tokenizer is not None:
+            # The engine reads its tokenizer from the model config, which a hook-level
+            # test has none of: give the requests the vocabulary the engine would build.
+            from anylogits.core.requests import RequestBatch
+
+            vocab = _vocabulary(tokenizer)
+            processor.requests = RequestBatch(lambda: vocab)
+        return _VllmHook(processor, to_specs(processors))
 
     def batch_update(self, hook: _VllmHook, token_ids: torch.Tensor) -> Any:
         """The ``BatchUpdate`` that turns the previous call's batch into ``token_ids``."""

@@ -104,5 +104,8 @@ class ReverseRanks(LogitsProcessor):
 
     spec_name = "testing.reverse_ranks"
 
+    def config(self) -> dict[str, Any]:
+        return {}
+
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return torch.where(torch.isfinite(logits), -logits, logits)
