@@ -84,12 +84,12 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
 @pytest.mark.parametrize(
     ("processor", "vocab", "message"),
     [
-        (BadWords([[1, 9]]), VOCAB, "words holds token id 9, but the vocabulary has only 8"),
+        (BadWords([[1, 9]]), VOCAB, r"words\[0\] holds token id 9, but the vocabulary has only 8"),
         (SequenceBias([[[8], 1.0]]), VOCAB, "biases holds token id 8, but the vocabulary"),
         (ExponentialDecayLength(1, 2.0, 8), VOCAB, "eos_token_id holds token id 8"),
         (StopStrings(["a"], eos_token_id=[4, 8]), VOCAB, "eos_token_id holds token id 8"),
-        (BadWords(["ab"]), None, r"cannot tokenize 'ab': the vocabulary has no tokenizer"),
-        (BadWords(["ab"]), BYTES_ONLY_VOCAB, "pass token ids instead of strings"),
+        (BadWords(["ab"]), None, r"words\[0\] 'ab' is text, so it needs the model's tokenizer"),
+        (BadWords(["ab"]), BYTES_ONLY_VOCAB, "or pass token ids"),
         (StopStrings(["a"]), None, "StopStrings decodes generated tokens with the model's"),
         (
             StopStrings(["a"]),
@@ -110,7 +110,7 @@ def test_problems_with_the_vocabulary_fail_at_bind_time(processor, vocab, messag
 
 def test_a_string_that_tokenizes_to_nothing_is_rejected() -> None:
     vocab = Vocabulary(tokens=TOKENS, encode=lambda text: [])
-    with pytest.raises(ValueError, match="'zz' tokenizes to no tokens"):
+    with pytest.raises(ValueError, match=r"words\[0\] 'zz' encodes to no tokens"):
         Pipeline([BadWords(["zz"])], vocab)
 
 

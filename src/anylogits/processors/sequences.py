@@ -18,6 +18,7 @@ from anylogits.processors._checks import (
     positive_float,
     token_id_list,
 )
+from anylogits.processors._forcing import encode
 from anylogits.processors.control import _TokenColumns
 from anylogits.processors.sampling import opmath
 
@@ -165,24 +166,11 @@ class BadWords(LogitsProcessor):
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
-        sequences = [self._resolve(word, vocab) for word in self.words]
-        if vocab is not None:
-            for sequence in sequences:
-                ids_within("words", sequence, vocab.size, "vocabulary")
+        sequences = [
+            encode("BadWords", f"words[{index}]", word, vocab)
+            for index, word in enumerate(self.words)
+        ]
         self._ends = _SequenceEnds("words", sequences)
-
-    def _resolve(self, word: tuple[int, ...] | str, vocab: Vocabulary | None) -> tuple[int, ...]:
-        if not isinstance(word, str):
-            return word
-        if vocab is None or vocab.encode is None:
-            raise ValueError(
-                f"BadWords cannot tokenize {word!r}: the vocabulary has no tokenizer. Give "
-                "the adapter the model's tokenizer, or pass token ids instead of strings"
-            )
-        ids = tuple(vocab.encode(word))
-        if not ids:
-            raise ValueError(f"BadWords: {word!r} tokenizes to no tokens")
-        return ids
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         ends = self._ends
