@@ -62,6 +62,7 @@ SMALL_SCHEMA = {
 # explicitly: llama.cpp's vocabulary counts more end-of-generation ids than the HF
 # tokenizer does, and a processor defaulting to "every EOS id" would differ there.
 EOS = 128001
+TINY_VOCAB_SIZE = 128256  # the tiny model's logits width (llama-bpe)
 
 # Helpers around a processor that greedy decoding cannot show by itself: TopK(8) keeps a
 # few tokens whose logits are well apart (engines' logits differ in the 5th decimal), and
@@ -195,3 +196,22 @@ def step_by_step_greedy(
             if token == tokenizer.eos_token_id:
                 break
     return ids[len(prompt) :]
+
+
+def check_watermark_detected(case: str, tokens: list[int], plain: list[int]) -> None:
+    """Under the watermark case, the detector finds the watermark in what the engine
+    generated (and not in its unprocessed output): one detector for every backend."""
+    if case != "watermark":
+        return
+    from anylogits import detect_watermark
+
+    (watermark,) = CROSS_ENGINE_CASES[case](plain)
+    settings = {
+        "vocab_size": TINY_VOCAB_SIZE,
+        "seeding_scheme": watermark.seeding_scheme,
+        "context_width": watermark.context_width,
+        "greenlist_ratio": watermark.greenlist_ratio,
+        "hashing_key": watermark.hashing_key,
+    }
+    assert detect_watermark(tokens, **settings).prediction, "the watermark was not detected"
+    assert not detect_watermark(plain, **settings).prediction

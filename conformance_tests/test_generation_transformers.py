@@ -56,6 +56,7 @@ from conformance_tests.reference import (  # noqa: E402
     CROSS_ENGINE_CASES,
     EOS,
     WITHOUT_THE_PROCESSOR,
+    check_watermark_detected,
     hf_greedy,
     step_by_step_greedy,
 )
@@ -137,7 +138,9 @@ def test_generate_with_the_hook_equals_a_step_by_step_loop(
     assert expected != step_by_step_greedy(model, tokenizer, prompt, *without), (
         f"{case} did not change the output"
     )
-    assert hf_greedy(model, tokenizer, prompt, *processors(plain)) == expected
+    ours = hf_greedy(model, tokenizer, prompt, *processors(plain))
+    assert ours == expected
+    check_watermark_detected(case, ours, plain)
 
 
 # -- greedy and sampled tokens equal the native processors' -------------------------------

@@ -35,6 +35,7 @@ from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
+    check_watermark_detected,
     hf_greedy,
 )
 from conformance_tests.structured_cases import (  # noqa: E402
@@ -156,6 +157,7 @@ def test_processors_give_the_same_tokens_as_on_transformers(llm: Any, hf: Any, c
     ours = llama_generate(llm, prompt, for_llama_cpp(*CROSS_ENGINE_CASES[case](plain), model=llm))
     assert ours != plain, "the processor did not change llama.cpp's output"
     assert ours == hf_generate(hf, prompt, *CROSS_ENGINE_CASES[case](plain))
+    check_watermark_detected(case, ours, plain)
 
 
 def test_min_new_tokens_holds_against_every_end_of_generation_token(llm: Any) -> None:

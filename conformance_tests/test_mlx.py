@@ -48,6 +48,7 @@ from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
+    check_watermark_detected,
     hf_greedy,
 )
 from conformance_tests.structured_cases import (  # noqa: E402
@@ -114,6 +115,7 @@ def test_processors_give_the_same_tokens_as_on_transformers(
     stops = [i for i, token in enumerate(ours) if token in tokenizer.eos_token_ids]
     ours = ours[: stops[0] + 1] if stops else ours
     assert ours == hf_greedy(*hf, prompt, *CROSS_ENGINE_CASES[case](plain), n=NEW_TOKENS)
+    check_watermark_detected(case, ours, plain)
 
 
 def test_min_new_tokens_uses_every_id_mlx_stops_on(loaded: Any) -> None:

@@ -46,6 +46,7 @@ from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
+    check_watermark_detected,
     hf_greedy,
 )
 from conformance_tests.structured_cases import (  # noqa: E402
@@ -170,7 +171,9 @@ def test_processors_give_the_same_tokens_as_on_transformers(
     # Processors hold bound state: each engine gets its own instances.
     expected = hf_greedy(*hf, prompt, *CROSS_ENGINE_CASES[case](plain), n=NEW_TOKENS)
     assert expected != plain, "the processor did not change transformers' output"
-    assert greedy(llm, prompt, *CROSS_ENGINE_CASES[case](plain)) == expected
+    ours = greedy(llm, prompt, *CROSS_ENGINE_CASES[case](plain))
+    assert ours == expected
+    check_watermark_detected(case, ours, plain)
 
 
 def test_mixed_batch_rows_equal_each_request_run_alone(
