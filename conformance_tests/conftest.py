@@ -16,7 +16,8 @@ from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
 def pytest_configure(config: pytest.Config) -> None:
     directory = os.environ.get(DIRECTORY_VARIABLE)
     if directory:
-        config.pluginmanager.register(SupportRecorder(Path(directory)), "support-matrix")
+        recorder = SupportRecorder(Path(directory), _selected(config))
+        config.pluginmanager.register(recorder, "support-matrix")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -54,11 +54,12 @@ def _spec_name(value: str) -> str | None:
     return by_class.get(value)
 
 
-def record_of(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | None:
-    """The matrix entry a finished test phase contributes, if it is a support test."""
+def record_of(item: pytest.Item, report: pytest.TestReport) -> list[dict[str, Any]]:
+    """The matrix entries a finished test phase contributes (one per processor it names;
+    none unless it is a support test)."""
     marker = item.get_closest_marker("support")
     if marker is None:
-        return None
+        return []
     level = marker.args[0]
     if level not in LEVELS:
         raise pytest.UsageError(f"{item.nodeid}: support level {level!r} is not one of {LEVELS}")
@@ -71,9 +72,11 @@ def record_of(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | 
     backend = marker.kwargs.get("backend") or getattr(params.get("backend"), "name", None)
     if processor is None or backend is None:
         raise pytest.UsageError(f"{item.nodeid}: a support test needs a processor and a backend")
-    spec_name = _spec_name(processor)
-    if spec_name is None:
-        return None  # a probe or a test-only case, not a catalogue processor
+    # A test comparing several processors at once names them all (a tuple).
+    names = [processor] if isinstance(processor, str) else list(processor)
+    spec_names = [spec for spec in map(_spec_name, names) if spec is not None]
+    if not spec_names:
+        return []  # a probe or a test-only case, not a catalogue processor
     if report.when == "call":
         outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
     elif report.skipped:
@@ -81,39 +84,46 @@ def record_of(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | 
     elif report.failed:
         outcome = "failed"
     else:
-        return None
+        return []
     reason = getattr(report, "wasxfail", "")
     if report.skipped and not reason and isinstance(report.longrepr, tuple):
         reason = report.longrepr[2].removeprefix("Skipped: ")
-    return {
-        "processor": spec_name,
-        "backend": backend,
-        "level": level,
-        "outcome": outcome,
-        "reason": reason,
-        "test": item.nodeid,
-    }
+    return [
+        {
+            "processor": spec_name,
+            "backend": backend,
+            "level": level,
+            "outcome": outcome,
+            "reason": reason,
+            "test": item.nodeid,
+        }
+        for spec_name in spec_names
+    ]
 
 
 class SupportRecorder:
     """The pytest plugin: collects records and writes them at the end of the run."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, backends: list[str]) -> None:
         self.directory = directory
+        self.backends = set(backends)
         self.records: list[dict[str, Any]] = []
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
         outcome = yield
-        record = record_of(item, outcome.get_result())
-        if record is not None:
-            self.records.append(record)
+        # Tests of backends this run did not select only say "not selected": another
+        # run (another nox session) speaks for those backends.
+        records = record_of(item, outcome.get_result())
+        self.records += [r for r in records if r["backend"] in self.backends]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.records:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        backends = "-".join(sorted({r["backend"] for r in self.records}))
+        # Named by the selected backends: a session replacing its own stale records
+        # (support-<backend>-*.json) must never delete another session's.
+        backends = "-".join(sorted(self.backends))
         path = self.directory / f"support-{backends}-{os.getpid()}.json"
         path.write_text(json.dumps(self.records, indent=1))
 

@@ -69,6 +69,7 @@ from anylogits.processors.occurrence_penalties import (
 )
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+PRESENCE_AND_FREQUENCY = ("presence_penalty", "frequency_penalty")  # support-matrix names
 SETTINGS = settings(
     max_examples=50,
     deadline=None,
@@ -173,6 +174,7 @@ def vllm_result(
     )
 
 
+@pytest.mark.support("oracle", processor=PRESENCE_AND_FREQUENCY, backend="vllm")
 @pytest.mark.only_backend("vllm")
 @SETTINGS
 @given(data=st.data())
@@ -268,6 +270,7 @@ def llama_case(seed: int) -> tuple[np.ndarray, list[int], list[int]]:
     return logits, prompt, output
 
 
+@pytest.mark.support("oracle", processor=PRESENCE_AND_FREQUENCY, backend="llama_cpp")
 @pytest.mark.only_backend("llama_cpp")
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("kind", ["presence", "frequency"])
@@ -282,6 +285,7 @@ def test_presence_or_frequency_matches_llama_cpp(llama_cpp: Any, seed: int, kind
     np.testing.assert_array_equal(one_row(processor, logits, prompt, output), expected)
 
 
+@pytest.mark.support("oracle", processor=PRESENCE_AND_FREQUENCY, backend="llama_cpp")
 @pytest.mark.only_backend("llama_cpp")
 @pytest.mark.parametrize("seed", range(6))
 def test_both_penalties_match_llama_cpp_within_one_rounding(llama_cpp: Any, seed: int) -> None:
@@ -367,6 +371,7 @@ BREAKER_SETS = (
 DRY_TEXT = b'User: the cat sat on the mat:\n\n### "the cat" *sat*\n\nUser: on the mat'
 
 
+@pytest.mark.support("oracle", processor="dry", backend="llama_cpp")
 @pytest.mark.only_backend("llama_cpp")
 @settings(SETTINGS, max_examples=30)
 @given(data=st.data())
@@ -468,6 +473,7 @@ def mlx_result(
     return torch.from_numpy(np.array(out.astype(mx.float32))).to(logits.dtype)
 
 
+@pytest.mark.support("oracle", processor=PRESENCE_AND_FREQUENCY, backend="mlx")
 @pytest.mark.only_backend("mlx")
 @SETTINGS
 @given(data=st.data())
@@ -492,6 +498,7 @@ def test_presence_and_frequency_match_mlx_lm(mlx: tuple[Any, Any], data: st.Data
     assert_identical(logits, ours, expected)
 
 
+@pytest.mark.support("oracle", processor="frequency_penalty", backend="mlx")
 @pytest.mark.only_backend("mlx")
 @pytest.mark.parametrize("seed", range(10))
 def test_frequency_matches_mlx_lm_within_its_repeated_roundings(

@@ -126,6 +126,7 @@ def draw_shape(data: st.DataObject, id_high: int) -> tuple[int, int, int]:
     return batch, vocab, length
 
 
+@pytest.mark.support("oracle", processor="bad_words", backend="transformers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @SETTINGS
 @given(data=st.data())
@@ -153,6 +154,7 @@ BIASES = st.one_of(
 )
 
 
+@pytest.mark.support("oracle", processor="sequence_bias", backend="transformers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @SETTINGS
 @given(data=st.data())
@@ -220,6 +222,7 @@ def test_bad_words_ban_eos_where_generate_would_drop_it() -> None:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.support("oracle", processor="exponential_decay_length", backend="transformers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @SETTINGS
 @given(data=st.data())
@@ -300,6 +303,7 @@ def spell(data: st.DataObject, text: bytes, pieces: dict[bytes, int]) -> list[in
 
 # Logits are 128k wide here, so fewer examples per dtype (the stop decisions do not
 # depend on the dtype; the dtypes check how EOS is forced).
+@pytest.mark.support("oracle", processor="stop_strings", backend="transformers")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @settings(SETTINGS, max_examples=12)
 @given(data=st.data())
@@ -381,6 +385,8 @@ def test_string_bad_words_use_the_tokenizer_as_given(tokenizer: Any) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.only_backend("vllm")
+@pytest.mark.support("oracle", processor="bad_words", backend="vllm")
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
 @SETTINGS
 @given(data=st.data())
@@ -409,6 +415,7 @@ def test_bad_words_match_vllm_on_generated_tokens(dtype: torch.dtype, data: st.D
     assert_identical(logits, ours, expected)
 
 
+@pytest.mark.only_backend("vllm")
 def test_vllm_bad_words_differ_at_the_prompt_and_in_leading_spaces(tokenizer: Any) -> None:
     """vLLM matches prefixes against generated tokens only, and adds the space-prefixed
     tokenization of each (left-stripped) word; BadWords takes entries as given."""
