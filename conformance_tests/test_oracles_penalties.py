@@ -57,7 +57,7 @@ import torch
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anylogits import LogitsProcessor, Pipeline
@@ -67,14 +67,10 @@ from anylogits.processors.occurrence_penalties import (
     FrequencyPenalty,
     PresencePenalty,
 )
+from conformance_tests.comparisons import DTYPES, assert_identical, oracle_settings
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 PRESENCE_AND_FREQUENCY = ("presence_penalty", "frequency_penalty")  # support-matrix names
-SETTINGS = settings(
-    max_examples=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+SETTINGS = oracle_settings(50)
 
 
 def right_aligned(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,17 +113,6 @@ def ours_with_known_prompts(
         prompt_lengths=torch.tensor([len(p) for p in prompts]),
     )
     return Pipeline(list(processors)).apply(logits.clone(), batch)
-
-
-def assert_identical(logits: torch.Tensor, ours: torch.Tensor, oracle: torch.Tensor) -> None:
-    assert ours.dtype == oracle.dtype == logits.dtype
-    if torch.equal(ours, oracle):
-        return
-    where = (ours != oracle).nonzero()[:5].tolist()
-    details = [
-        (r, c, logits[r, c].item(), ours[r, c].item(), oracle[r, c].item()) for r, c in where
-    ]
-    raise AssertionError(f"ours != oracle at (row, col, input, ours, oracle): {details}")
 
 
 def penalty_strategy(dtype: torch.dtype) -> st.SearchStrategy[float]:

@@ -52,7 +52,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import Pipeline
@@ -66,16 +66,11 @@ from anylogits.processors.phrases import (
     MultipleChoice,
     TriggerPhrase,
 )
+from conformance_tests.comparisons import DTYPES, NEG_INF, oracle_settings
 
 pytestmark = pytest.mark.only_backend("transformers")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-NEG_INF = float("-inf")
-SETTINGS = settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+SETTINGS = oracle_settings(12)
 PHRASES = (" Thanks for asking!", "\n\nReferences:", " Next", "Sure, here")
 
 

@@ -37,7 +37,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import (
     ExponentialDecayLengthPenalty,
@@ -54,20 +54,17 @@ from anylogits.processors.sequences import (
     SequenceBias,
     StopStrings,
 )
+from conformance_tests.comparisons import (
+    DTYPES,
+    NEG_INF,
+    assert_identical,
+    dtype_id,
+    oracle_settings,
+)
 
 pytestmark = pytest.mark.only_backend("transformers")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-NEG_INF = float("-inf")
-SETTINGS = settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-
-def _dtype_id(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+SETTINGS = oracle_settings(40)
 
 
 def draw_logits(data: st.DataObject, batch: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
@@ -95,17 +92,6 @@ def plant(history: torch.Tensor, sequence: list[int]) -> None:
         history[0, history.shape[1] - len(prefix) :] = torch.tensor(prefix)
 
 
-def assert_identical(logits: torch.Tensor, ours: torch.Tensor, oracle: torch.Tensor) -> None:
-    assert ours.dtype == oracle.dtype == logits.dtype
-    if torch.equal(ours, oracle):
-        return
-    where = (ours != oracle).nonzero()[:5].tolist()
-    details = [
-        (r, c, logits[r, c].item(), ours[r, c].item(), oracle[r, c].item()) for r, c in where
-    ]
-    raise AssertionError(f"ours != oracle at (row, col, input, ours, oracle): {details}")
-
-
 def compare_once(ours: Any, oracle: Any, logits: torch.Tensor, history: torch.Tensor) -> None:
     expected = oracle(history, logits.clone())
     assert not torch.equal(expected, logits), "the oracle left the logits unchanged"
@@ -127,7 +113,7 @@ def draw_shape(data: st.DataObject, id_high: int) -> tuple[int, int, int]:
 
 
 @pytest.mark.support("oracle", processor="bad_words", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @SETTINGS
 @given(data=st.data())
 def test_bad_words_match_transformers(dtype: torch.dtype, data: st.DataObject) -> None:
@@ -155,7 +141,7 @@ BIASES = st.one_of(
 
 
 @pytest.mark.support("oracle", processor="sequence_bias", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @SETTINGS
 @given(data=st.data())
 def test_sequence_bias_matches_transformers(dtype: torch.dtype, data: st.DataObject) -> None:
@@ -223,7 +209,7 @@ def test_bad_words_ban_eos_where_generate_would_drop_it() -> None:
 
 
 @pytest.mark.support("oracle", processor="exponential_decay_length", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @SETTINGS
 @given(data=st.data())
 def test_exponential_decay_matches_transformers(dtype: torch.dtype, data: st.DataObject) -> None:
@@ -304,7 +290,7 @@ def spell(data: st.DataObject, text: bytes, pieces: dict[bytes, int]) -> list[in
 # Logits are 128k wide here, so fewer examples per dtype (the stop decisions do not
 # depend on the dtype; the dtypes check how EOS is forced).
 @pytest.mark.support("oracle", processor="stop_strings", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @settings(SETTINGS, max_examples=12)
 @given(data=st.data())
 def test_stop_strings_force_eos_where_transformers_stops(
@@ -387,7 +373,7 @@ def test_string_bad_words_use_the_tokenizer_as_given(tokenizer: Any) -> None:
 
 @pytest.mark.only_backend("vllm")
 @pytest.mark.support("oracle", processor="bad_words", backend="vllm")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @SETTINGS
 @given(data=st.data())
 def test_bad_words_match_vllm_on_generated_tokens(dtype: torch.dtype, data: st.DataObject) -> None:

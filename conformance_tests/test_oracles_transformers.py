@@ -39,7 +39,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
@@ -66,24 +66,21 @@ from anylogits import (
     TopK,
     TopP,
 )
+from conformance_tests.comparisons import (
+    DTYPES,
+    NEG_INF,
+    assert_identical,
+    dtype_id,
+    oracle_settings,
+)
 
 pytestmark = pytest.mark.only_backend("transformers")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-NEG_INF = float("-inf")
 # Widths around TopP's chunk sizes (64, then 256, 1024) exercise its chunk growth.
 SPECIAL_VOCABS = (2, 3, 5, 17, 63, 64, 65, 100, 255, 256, 257, 300)
 BIG_VOCAB = 32000
 
-SETTINGS = settings(
-    max_examples=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-
-def _dtype_id(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+SETTINGS = oracle_settings(80)
 
 
 # --------------------------------------------------------------------------------------
@@ -224,17 +221,6 @@ def run_case(case: Case) -> None:
             case.changed = True
         if bool(((oracle == NEG_INF) & (logits != NEG_INF)).any()):
             case.banned = True
-
-
-def assert_identical(logits: torch.Tensor, ours: torch.Tensor, oracle: torch.Tensor) -> None:
-    assert oracle.dtype == ours.dtype, (ours.dtype, oracle.dtype)
-    if torch.equal(ours, oracle):
-        return
-    where = (ours != oracle).nonzero()[:5].tolist()
-    details = [
-        (r, c, logits[r, c].item(), ours[r, c].item(), oracle[r, c].item()) for r, c in where
-    ]
-    raise AssertionError(f"ours != oracle at (row, col, input, ours, oracle): {details}")
 
 
 def assert_masked_copy(logits: torch.Tensor, out: torch.Tensor) -> None:
@@ -492,7 +478,7 @@ CASES: dict[str, Callable[..., Case]] = {
 
 
 @pytest.mark.support("oracle", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 @SETTINGS
 @given(data=st.data())
@@ -500,7 +486,7 @@ def test_matches_transformers_oracle(name: str, dtype: torch.dtype, data: st.Dat
     run_case(CASES[name](HypothesisDraw(data), dtype))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_transformers_oracle_at_vocab_32000(name: str, dtype: torch.dtype) -> None:
     for seed in range(2):
@@ -658,7 +644,7 @@ def test_logit_bias_float64_adds_the_exact_bias_where_oracle_adds_it_in_float32(
     assert torch.equal(oracle, torch.tensor([[0.3, -1.0 + bias32, 2.0]], dtype=torch.float64))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_logit_bias_half_matches_oracle_for_any_float_bias(dtype: torch.dtype) -> None:
     """In half dtypes the oracle rounds a bias to float32, then to the dtype. So does ours:
     torch converts a Python float to float16/bfloat16 through float32. Checked with a
@@ -677,7 +663,7 @@ def test_logit_bias_half_matches_oracle_for_any_float_bias(dtype: torch.dtype) -
 # Divergences found by the property tests, fixed, and pinned here.
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=_dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dtype_id)
 def test_top_p_one_keeps_every_token(dtype: torch.dtype) -> None:
     x = torch.tensor([[0.0, -20.0, -20.0]], dtype=dtype)
     ids = torch.zeros(1, 1, dtype=torch.int64)

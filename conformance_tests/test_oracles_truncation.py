@@ -60,7 +60,7 @@ import torch
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import LogitsProcessor, Pipeline
@@ -72,21 +72,18 @@ from anylogits.processors.truncation import (
     TypicalP,
 )
 from anylogits.processors.xtc import XTC
+from conformance_tests.comparisons import (
+    DTYPES,
+    NEG_INF,
+    assert_identical,
+    dtype_id,
+    oracle_settings,
+)
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-NEG_INF = float("-inf")
 SPECIAL_VOCABS = (2, 3, 5, 17, 63, 64, 65, 100, 101, 255, 256, 257, 300)
 BIG_VOCAB = 32000
 
-SETTINGS = settings(
-    max_examples=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-
-def _dtype_id(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+SETTINGS = oracle_settings(30)
 
 
 def ours(processor: LogitsProcessor, logits: torch.Tensor) -> torch.Tensor:
@@ -102,16 +99,6 @@ def assert_masked_copy(logits: torch.Tensor, out: torch.Tensor) -> None:
     """Every output entry is its input value or -inf (truncation only removes tokens)."""
     assert out.dtype == logits.dtype and out.shape == logits.shape
     assert bool(((out == logits) | (out == NEG_INF)).all())
-
-
-def assert_identical(logits: torch.Tensor, ours: torch.Tensor, oracle: torch.Tensor) -> None:
-    assert oracle.dtype == ours.dtype
-    if not torch.equal(ours, oracle):
-        where = (ours != oracle).nonzero()[:5].tolist()
-        details = [
-            (r, c, logits[r, c].item(), ours[r, c].item(), oracle[r, c].item()) for r, c in where
-        ]
-        raise AssertionError(f"ours != oracle at (row, col, input, ours, oracle): {details}")
 
 
 # --------------------------------------------------------------------------------------
@@ -302,7 +289,7 @@ def transformers_installed() -> None:
 
 @pytest.mark.only_backend("transformers")
 @pytest.mark.support("oracle", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 @SETTINGS
 @given(data=st.data())
@@ -314,7 +301,7 @@ def test_matches_transformers(
 
 @pytest.mark.only_backend("transformers")
 @pytest.mark.support("oracle", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_transformers_at_vocab_32000(
     transformers_installed: None, name: str, dtype: torch.dtype

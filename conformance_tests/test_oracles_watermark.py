@@ -41,17 +41,12 @@ from transformers.generation.logits_process import WatermarkLogitsProcessor
 from anylogits import Pipeline, for_transformers
 from anylogits.processors.watermark import Watermark
 from anylogits.watermark_detection import detect_watermark
+from conformance_tests.comparisons import DTYPES, NEG_INF, dtype_id
 
 pytestmark = pytest.mark.only_backend("transformers")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SCHEMES = ("lefthash", "selfhash")
-NEG_INF = float("-inf")
 TINY_VOCAB = 128256
-
-
-def _dtype_id(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def draw_inputs(
@@ -145,7 +140,7 @@ def test_logits_equal_watermark_logits_processor(scheme: str, data: st.DataObjec
 
 
 @pytest.mark.support("oracle", processor="watermark", backend="transformers")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=_dtype_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize(("scheme", "width"), [("lefthash", 1), ("selfhash", 2)])
 def test_logits_equal_oracle_at_the_tiny_models_vocabulary(
     scheme: str, width: int, dtype: torch.dtype
