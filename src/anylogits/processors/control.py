@@ -34,6 +34,36 @@ class _TokenColumns:
         return tensor
 
 
+def _eos_ids(eos_token_id: int | list[int] | None) -> tuple[int, ...] | None:
+    if eos_token_id is None:
+        return None
+    if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
+        return token_id_list("eos_token_id", [eos_token_id])
+    return token_id_list("eos_token_id", eos_token_id)
+
+
+def _eos_columns(
+    owner: str, eos: tuple[int, ...] | None, vocab: Vocabulary | None
+) -> _TokenColumns:
+    """EOS columns from ``eos`` or, when it is ``None``, from the bound vocabulary."""
+    if eos is not None:
+        if vocab is not None:
+            ids_within("eos_token_id", eos, vocab.size, "vocabulary")
+        return _TokenColumns("eos_token_id", eos)
+    if vocab is None:
+        return _TokenColumns("eos_token_id", ())
+    if not vocab.eos_token_ids:
+        raise ValueError(f"{owner}: the vocabulary has no EOS id; pass eos_token_id")
+    return _TokenColumns("eos_token_id", tuple(sorted(vocab.eos_token_ids)))
+
+
+def _no_eos(owner: str) -> ValueError:
+    return ValueError(
+        f"{owner} does not know the EOS id: pass eos_token_id=... or give the adapter the "
+        "model's tokenizer"
+    )
+
+
 class LogitBias(LogitsProcessor):
     """Add a fixed bias to chosen tokens (OpenAI's ``logit_bias``).
 
@@ -205,12 +235,7 @@ class MinNewTokens(LogitsProcessor):
 
     def __init__(self, min_new_tokens: int, eos_token_id: int | list[int] | None = None) -> None:
         self.min_new_tokens = int_at_least("min_new_tokens", min_new_tokens, 0)
-        if eos_token_id is None:
-            self.eos_token_id: tuple[int, ...] | None = None
-        elif isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
-            self.eos_token_id = token_id_list("eos_token_id", [eos_token_id])
-        else:
-            self.eos_token_id = token_id_list("eos_token_id", eos_token_id)
+        self.eos_token_id = _eos_ids(eos_token_id)
         self._columns = _TokenColumns("eos_token_id", self.eos_token_id or ())
 
     def config(self) -> dict[str, Any]:
@@ -219,19 +244,11 @@ class MinNewTokens(LogitsProcessor):
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
-        if self.eos_token_id is None and vocab is not None:
-            if not vocab.eos_token_ids:
-                raise ValueError("MinNewTokens: the vocabulary has no EOS id; pass eos_token_id")
-            self._columns = _TokenColumns("eos_token_id", tuple(sorted(vocab.eos_token_ids)))
-        elif vocab is not None:
-            ids_within("eos_token_id", self._columns.ids, vocab.size, "vocabulary")
+        self._columns = _eos_columns("MinNewTokens", self.eos_token_id, vocab)
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self._columns.ids:
-            raise ValueError(
-                "MinNewTokens does not know the EOS id: pass eos_token_id=... or give the "
-                "adapter the model's tokenizer"
-            )
+            raise _no_eos("MinNewTokens")
         too_short = (batch.generated_lengths < self.min_new_tokens).to(logits.device)
         columns = self._columns.on(logits)
         eos_logits = logits.index_select(1, columns).masked_fill_(too_short[:, None], float("-inf"))

@@ -67,8 +67,7 @@ from anylogits.processors._forcing import (
     text_or_ids,
     token_or_text,
 )
-from anylogits.processors.control import _TokenColumns
-from anylogits.processors.sequences import _eos_columns, _eos_ids, _no_eos
+from anylogits.processors.control import _eos_columns, _eos_ids, _no_eos, _TokenColumns
 
 
 class ForceSequence(LogitsProcessor):

@@ -19,7 +19,7 @@ from anylogits.processors._checks import (
     token_id_list,
 )
 from anylogits.processors._forcing import encode
-from anylogits.processors.control import _TokenColumns
+from anylogits.processors.control import _eos_columns, _eos_ids, _no_eos, _TokenColumns
 from anylogits.processors.sampling import opmath
 
 
@@ -78,36 +78,6 @@ def _sequence(name: str, value: Any) -> tuple[int, ...]:
     if not ids:
         raise ValueError(f"{name} must hold at least one token id, got {value!r}")
     return ids
-
-
-def _eos_ids(eos_token_id: int | list[int] | None) -> tuple[int, ...] | None:
-    if eos_token_id is None:
-        return None
-    if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
-        return token_id_list("eos_token_id", [eos_token_id])
-    return token_id_list("eos_token_id", eos_token_id)
-
-
-def _eos_columns(
-    owner: str, eos: tuple[int, ...] | None, vocab: Vocabulary | None
-) -> _TokenColumns:
-    """EOS columns from ``eos`` or, when it is ``None``, from the bound vocabulary."""
-    if eos is not None:
-        if vocab is not None:
-            ids_within("eos_token_id", eos, vocab.size, "vocabulary")
-        return _TokenColumns("eos_token_id", eos)
-    if vocab is None:
-        return _TokenColumns("eos_token_id", ())
-    if not vocab.eos_token_ids:
-        raise ValueError(f"{owner}: the vocabulary has no EOS id; pass eos_token_id")
-    return _TokenColumns("eos_token_id", tuple(sorted(vocab.eos_token_ids)))
-
-
-def _no_eos(owner: str) -> ValueError:
-    return ValueError(
-        f"{owner} does not know the EOS id: pass eos_token_id=... or give the adapter the "
-        "model's tokenizer"
-    )
 
 
 class BadWords(LogitsProcessor):
