@@ -75,13 +75,12 @@ def hf_tokenizer(tiny_model_dir: Path) -> object:
 
 
 @pytest.fixture(scope="session")
-def hf_reference(tiny_model_dir: Path) -> tuple[object, object]:
+def hf_reference(tiny_model_dir: Path, hf_tokenizer: object) -> tuple[object, object]:
     """transformers' model and tokenizer for the tiny model, float32: the reference."""
     import torch
     import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.float32
     ).eval()
-    return model, tokenizer
+    return model, hf_tokenizer
