@@ -57,6 +57,9 @@ SMALL_SCHEMA = {
     "required": ["id", "tag"],
     "additionalProperties": False,
 }
+SMALL_REGEX = r"[a-z]{2,5}-[0-9]{2}( [a-z]{1,4})?"
+SMALL_CHOICES = ["red alert", "green light", "blue moon"]
+SMALL_GBNF = 'root ::= ("ab" | "cd")+ " end"'
 
 # The tiny model's end-of-text id (llama-bpe ``<|end_of_text|>``). Cases name it
 # explicitly: llama.cpp's vocabulary counts more end-of-generation ids than the HF
@@ -86,9 +89,9 @@ CROSS_ENGINE_CASES: dict[str, Callable[[list[int]], list[LogitsProcessor]]] = {
     # Structured: the same grammar over each engine's own vocabulary (llama.cpp reads its
     # pieces from the GGUF file) must pick the same tokens.
     "json_schema": lambda plain: [JSONSchema(SMALL_SCHEMA)],
-    "regex": lambda plain: [Regex(r"[a-z]{2,5}-[0-9]{2}( [a-z]{1,4})?")],
-    "choice": lambda plain: [Choice(["red alert", "green light", "blue moon"])],
-    "grammar": lambda plain: [Grammar('root ::= ("ab" | "cd")+ " end"', syntax="gbnf")],
+    "regex": lambda plain: [Regex(SMALL_REGEX)],
+    "choice": lambda plain: [Choice(SMALL_CHOICES)],
+    "grammar": lambda plain: [Grammar(SMALL_GBNF, syntax="gbnf")],
     # Sampling shape, made visible by the helpers above.
     "temperature": lambda plain: [TopK(_FEW), Temperature(0.25), MinP(0.3), ReverseRanks()],
     "top_k": lambda plain: [TopK(3), ReverseRanks()],

@@ -259,6 +259,7 @@ def test_repetition_penalty_context_size_matches_repetition_context_size(
     )
 
 
+@pytest.mark.support("oracle", processor="logit_bias", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 def test_logit_bias_matches_make_logits_processors(seed: int) -> None:
     logits = _logits(seed)

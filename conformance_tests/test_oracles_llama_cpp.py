@@ -24,6 +24,7 @@ import torch
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from anylogits import (  # noqa: E402
+    LogitBias,
     LogitsProcessor,
     MinP,
     Pipeline,
@@ -98,6 +99,24 @@ def test_temperature_matches(seed: int, t: float) -> None:
     logits = random_logits(seed)
     expected = native(lambda: llama_cpp.llama_sampler_init_temp(t), logits)
     np.testing.assert_allclose(ours(Temperature(t), logits), expected, rtol=1e-6)
+
+
+def _logit_bias_sampler(bias: dict[int, float]) -> Any:
+    entries = (llama_cpp.llama_logit_bias * len(bias))(
+        *(llama_cpp.llama_logit_bias(token=token, bias=value) for token, value in bias.items())
+    )
+    return llama_cpp.llama_sampler_init_logit_bias(VOCAB, len(bias), entries)  # copies them
+
+
+@pytest.mark.support("oracle", processor="logit_bias", backend="llama_cpp")
+@pytest.mark.parametrize("seed", SEEDS)
+def test_logit_bias_matches(seed: int) -> None:
+    logits = random_logits(seed)
+    logits[11] = -np.inf  # a removed token stays removed under any bias
+    bias = {3: 2.5, 11: 7.0, 77: -4.0, VOCAB - 1: 0.125}
+    expected = native(lambda: _logit_bias_sampler(bias), logits)
+    assert not np.array_equal(expected, logits)
+    np.testing.assert_array_equal(ours(LogitBias(bias), logits), expected)
 
 
 def _history(seed: int, length: int) -> list[int]:

@@ -1,6 +1,8 @@
 """vLLM: real generation on the tiny model's HF folder with vLLM's V1 model runner (CPU,
 float32, in-process engine) against transformers on the same weights; a mixed batch whose
-rows finish, leave and move; vLLM's own sampling parameters as oracles on the same engine.
+rows finish, leave and move; vLLM's own sampling parameters as oracles on the same engine
+(temperature, top_k, top_p, min_p, repetition_penalty, logit_bias, min_tokens, stop, and
+structured_outputs through its llguidance backend).
 
 vLLM's ``presence_penalty``, ``frequency_penalty`` and ``bad_words`` are compared with
 ours function by function in ``test_oracles_penalties`` / ``test_oracles_sequences``.
@@ -23,8 +25,11 @@ vllm = pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
 
 from vllm import SamplingParams  # noqa: E402
+from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
 from anylogits import (  # noqa: E402
+    Choice,
+    Grammar,
     JSONSchema,
     LogitBias,
     LogitsProcessor,
@@ -33,6 +38,7 @@ from anylogits import (  # noqa: E402
     NoRepeatNGram,
     Regex,
     RepetitionPenalty,
+    StopStrings,
     SuppressTokens,
     Temperature,
     TopK,
@@ -46,6 +52,10 @@ from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     CROSS_ENGINE_CASES,
     NEW_TOKENS,
+    SMALL_CHOICES,
+    SMALL_GBNF,
+    SMALL_REGEX,
+    SMALL_SCHEMA,
     check_watermark_detected,
     hf_greedy,
 )
@@ -112,6 +122,10 @@ def llm(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             seed=0,
             enforce_eager=True,
             logits_processors=[RecordingAnyLogits],
+            # Structured-output oracles: llguidance, as under ours. xgrammar (vLLM's
+            # "auto" choice) allows every tokenization of forced text, llguidance only
+            # the canonical one (see test_llama_cpp's grammar-sampler tests).
+            structured_outputs_config={"backend": "guidance"},
         )
 
 
@@ -240,6 +254,7 @@ def test_repetition_penalty_matches_vllm_repetition_penalty(
     assert greedy(llm, prompt, RepetitionPenalty(1.3)) == native
 
 
+@pytest.mark.support("oracle", processor="logit_bias", backend="vllm")
 def test_logit_bias_matches_vllm_logit_bias(llm: Any, prompt: list[int], plain: list[int]) -> None:
     bias = {plain[0]: -5.0, plain[-1]: 4.0}
     native = greedy(llm, prompt, logit_bias=bias)
@@ -247,6 +262,7 @@ def test_logit_bias_matches_vllm_logit_bias(llm: Any, prompt: list[int], plain: 
     assert greedy(llm, prompt, LogitBias(bias)) == native
 
 
+@pytest.mark.support("oracle", processor="min_new_tokens", backend="vllm")
 @pytest.mark.parametrize("explicit_eos", [False, True], ids=["engine_eos", "explicit_eos"])
 def test_min_new_tokens_matches_vllm_min_tokens(
     llm: Any, prompt: list[int], eos: int, explicit_eos: bool
@@ -301,6 +317,67 @@ def test_sampling_filters_draw_the_same_tokens_as_vllm_with_the_same_seed(
     )
     assert native != unfiltered, "the filter did not change vLLM's draws"
     assert ours == native
+
+
+@pytest.mark.support("oracle", processor="temperature", backend="vllm")
+@pytest.mark.parametrize("seed", [7, 1234])
+@pytest.mark.parametrize("temperature", [0.5, 1.7])
+def test_temperature_draws_the_same_tokens_as_vllm_temperature(
+    llm: Any, prompt: list[int], seed: int, temperature: float
+) -> None:
+    common = {"max_tokens": SAMPLED_TOKENS, "seed": seed}
+    unscaled, native, ours = generate(
+        llm,
+        [
+            (prompt, SamplingParams(**common, temperature=1.0)),
+            (prompt, SamplingParams(**common, temperature=temperature)),
+            (prompt, for_vllm(Temperature(temperature), **common, temperature=1.0)),
+        ],
+    )
+    assert native != unscaled, "the temperature did not change vLLM's draws"
+    assert ours == native
+
+
+@pytest.mark.support("oracle", processor="stop_strings", backend="vllm")
+@pytest.mark.parametrize("span", [(2, 3), (5, 7)], ids=["within_a_token", "across_tokens"])
+def test_stop_strings_end_where_vllm_stop_ends(
+    llm: Any, hf: tuple[Any, Any], prompt: list[int], plain: list[int], eos: int, span: tuple
+) -> None:
+    """vLLM's ``stop`` ends the request at the token completing the string (its text is
+    cut, its token ids are not); ours forces EOS right after that token."""
+    tokenizer = hf[1]
+    start, end = span
+    text = tokenizer.decode(plain[start:end])
+    stop = text[1:-1] if end - start > 1 else text[1:]  # completed inside token end - 1
+    native = greedy(llm, prompt, stop=[stop], include_stop_str_in_output=True)
+    assert native == plain[:end] and native != plain
+    ours = greedy(llm, prompt, StopStrings([stop], eos_token_id=eos))
+    assert ours == [*native, eos]
+
+
+# The same constraint through vLLM's own structured outputs and through ours: the same
+# allowed tokens, so the same greedy tokens.
+NATIVE_STRUCTURED: dict[str, tuple[dict[str, Any], Callable[[], LogitsProcessor]]] = {
+    "regex": ({"regex": SMALL_REGEX}, lambda: Regex(SMALL_REGEX)),
+    "choice": ({"choice": SMALL_CHOICES}, lambda: Choice(SMALL_CHOICES)),
+    "grammar": ({"grammar": SMALL_GBNF}, lambda: Grammar(SMALL_GBNF, syntax="gbnf")),
+    # vLLM's JSON allows any whitespace by default; so does ours with flexible_whitespace.
+    "json_schema": (
+        {"json": SMALL_SCHEMA},
+        lambda: JSONSchema(SMALL_SCHEMA, flexible_whitespace=True),
+    ),
+}
+
+
+@pytest.mark.support("oracle", backend="vllm")
+@pytest.mark.parametrize("case", sorted(NATIVE_STRUCTURED))
+def test_structured_processors_give_the_tokens_of_vllm_structured_outputs(
+    llm: Any, prompt: list[int], plain: list[int], case: str
+) -> None:
+    constraint, processor = NATIVE_STRUCTURED[case]
+    native = greedy(llm, prompt, structured_outputs=StructuredOutputsParams(**constraint))
+    assert native != plain
+    assert greedy(llm, prompt, processor()) == native
 
 
 # -- failures -----------------------------------------------------------------------------
