@@ -35,6 +35,7 @@ from anylogits import (  # noqa: E402
     Regex,
     RepetitionPenalty,
     SuppressTokens,
+    Temperature,
     TopK,
     TopP,
     for_mlx,
@@ -276,6 +277,25 @@ def _logprobs(logits: np.ndarray) -> Any:
 
 def _kept(masked: np.ndarray) -> set[int]:
     return set(np.flatnonzero(np.isfinite(masked[0])).tolist())
+
+
+@pytest.mark.support("oracle", processor="temperature", backend="mlx")
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.8])
+def test_temperature_draws_the_same_tokens_as_make_sampler(seed: int, temperature: float) -> None:
+    """mlx-lm scales inside its sampler (``logprobs * (1 / temp)``); ours scales first and
+    the sampler runs at temperature 1. With the same random state the draws agree."""
+    logprobs = np.array(_logprobs(np.concatenate([_logits(seed + row) for row in range(64)])))
+
+    def draws(sampler: Any, rows: np.ndarray) -> list[int]:
+        mx.random.seed(seed)
+        return np.array(sampler(mx.array(rows))).tolist()
+
+    unscaled = draws(make_sampler(temp=1.0), logprobs)
+    native = draws(make_sampler(temp=temperature), logprobs)
+    assert native != unscaled, "the temperature did not change mlx-lm's draws"
+    scaled = Pipeline([Temperature(temperature)])(torch.from_numpy(logprobs), torch.zeros(64, 1))
+    assert draws(make_sampler(temp=1.0), scaled.numpy()) == native
 
 
 @pytest.mark.support("oracle", processor="top_k", backend="mlx")
