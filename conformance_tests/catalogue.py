@@ -10,6 +10,7 @@ from typing import Any
 
 import anylogits.testing.probes  # noqa: F401  (registers the probe processors' specs)
 from anylogits import LogitsProcessor, from_spec
+from conformance_tests.reference import SMALL_SCHEMA
 
 PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
     "temperature": {"type": "temperature", "temperature": 0.7},
@@ -78,3 +79,24 @@ PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
 
 def build(name: str) -> LogitsProcessor:
     return from_spec(PROCESSOR_SPECS[name])
+
+
+# Processors configured with text or grammars: they need a vocabulary (the hook-level
+# tests give them the tiny model's real tokenizer, 128,256 tokens).
+VOCABULARY_SPECS: dict[str, dict[str, Any]] = {
+    "stop_strings": {"type": "stop_strings", "stop_strings": ["7 8", " 1"]},
+    "bad_words": {"type": "bad_words", "words": [" 3", "1 2"]},
+    "json_schema": {"type": "json_schema", "schema": SMALL_SCHEMA},
+    "regex": {"type": "regex", "pattern": r"[0-9]{1,3}( [0-9]{1,3})*"},
+    "choice": {"type": "choice", "choices": ["1 2 3 4 5 6 7 8 9", " 10 11 12 13 14 15 16"]},
+    "grammar": {"type": "grammar", "grammar": 'root ::= ("1" | " 2" | "34")+', "syntax": "gbnf"},
+    "dry": {"type": "dry", "multiplier": 0.8, "allowed_length": 1},
+    "force_sequence": {"type": "force_sequence", "phrase": " Sure, here it is"},
+    "trigger_phrase": {
+        "type": "trigger_phrase",
+        "trigger": "3",
+        "phrase": " five",
+        "trigger_after": True,
+    },
+    "multiple_choice": {"type": "multiple_choice", "choices": ["1", "2", "3"]},
+}

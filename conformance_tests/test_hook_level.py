@@ -13,8 +13,7 @@ import torch
 
 from anylogits import Pipeline, from_spec
 from anylogits.core.vocab import hf_vocabulary
-from conformance_tests.catalogue import PROCESSOR_SPECS, build
-from conformance_tests.reference import SMALL_SCHEMA
+from conformance_tests.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 VOCAB_SIZE = 64
@@ -76,24 +75,6 @@ def test_one_hook_runs_several_processors_in_order(backend) -> None:
 
 # -- processors that need the model's vocabulary -------------------------------------------
 
-# Text arguments, grammars: the hook gets the tiny model's real tokenizer (128,256 tokens).
-VOCABULARY_SPECS: dict[str, dict[str, Any]] = {
-    "stop_strings": {"type": "stop_strings", "stop_strings": ["7 8", " 1"]},
-    "bad_words": {"type": "bad_words", "words": [" 3", "1 2"]},
-    "json_schema": {"type": "json_schema", "schema": SMALL_SCHEMA},
-    "regex": {"type": "regex", "pattern": r"[0-9]{1,3}( [0-9]{1,3})*"},
-    "choice": {"type": "choice", "choices": ["1 2 3 4 5 6 7 8 9", " 10 11 12 13 14 15 16"]},
-    "grammar": {"type": "grammar", "grammar": 'root ::= ("1" | " 2" | "34")+', "syntax": "gbnf"},
-    "dry": {"type": "dry", "multiplier": 0.8, "allowed_length": 1},
-    "force_sequence": {"type": "force_sequence", "phrase": " Sure, here it is"},
-    "trigger_phrase": {
-        "type": "trigger_phrase",
-        "trigger": "3",
-        "phrase": " five",
-        "trigger_after": True,
-    },
-    "multiple_choice": {"type": "multiple_choice", "choices": ["1", "2", "3"]},
-}
 # "0".."9" and " " in llama-bpe: the prompts.
 DIGITS = [15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 220]
 
