@@ -47,7 +47,6 @@ tests:
 
 from __future__ import annotations
 
-import ctypes
 import random
 import zlib
 from collections.abc import Callable, Sequence
@@ -331,33 +330,11 @@ SEEDS = range(8)
 
 def llama_cpp_apply(make_sampler: Callable[[Any], Any], logits: np.ndarray) -> np.ndarray:
     """llama.cpp's sampler on one row of candidates ``(id, logit, p=0)`` in id order; the
-    candidates left afterwards, by id, with removed ones ``-inf``.
-
-    Reads the array back from where ``llama_token_data_array.data`` points after the
-    call: XTC drops the top candidates by advancing that pointer.
-    """
+    candidates left afterwards, by id, with removed ones ``-inf``."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    sampler = make_sampler(llama_cpp)
-    try:
-        vocab = len(logits)
-        data = (llama_cpp.llama_token_data * vocab)()
-        records = np.ctypeslib.as_array(data)
-        records["id"] = np.arange(vocab, dtype=np.int32)
-        records["logit"] = logits
-        records["p"] = 0.0
-        pointer = ctypes.cast(data, llama_cpp.llama_token_data_p)
-        candidates = llama_cpp.llama_token_data_array(
-            data=pointer, size=vocab, selected=-1, sorted=False
-        )
-        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(candidates))
-        moved = ctypes.cast(candidates.data, ctypes.c_void_p).value - ctypes.addressof(data)
-        start = moved // ctypes.sizeof(llama_cpp.llama_token_data)
-        left = records[start : start + candidates.size]
-        out = np.full(vocab, -np.inf, dtype=np.float32)
-        out[left["id"]] = left["logit"]
-        return out
-    finally:
-        llama_cpp.llama_sampler_free(sampler)
+    from anylogits.testing.oracles import LlamaCppSampler
+
+    return LlamaCppSampler(make_sampler(llama_cpp), len(logits))(logits)
 
 
 def ours_row(processor: LogitsProcessor, logits: np.ndarray) -> np.ndarray:

@@ -43,7 +43,11 @@ class LlamaCppSampler:
             data=self._pointer, size=len(records), selected=-1, sorted=False
         )
         self._llama_cpp.llama_sampler_apply(self.sampler, ctypes.byref(candidates))
-        kept = records[: candidates.size]
+        # Read from where ``candidates.data`` points now: XTC drops the top candidates by
+        # advancing that pointer rather than moving the records.
+        moved = ctypes.cast(candidates.data, ctypes.c_void_p).value - ctypes.addressof(self._data)
+        start = moved // ctypes.sizeof(self._llama_cpp.llama_token_data)
+        kept = records[start : start + candidates.size]
         out = np.full(len(records), -np.inf, dtype=np.float32)
         out[kept["id"]] = kept["logit"]
         return out
