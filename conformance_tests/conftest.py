@@ -11,6 +11,7 @@ import pytest
 
 from anylogits.testing.backends import BACKENDS, installed
 from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
+from conformance_tests.vllm_server import client, server  # noqa: F401  (shared fixtures)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -47,7 +47,7 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.adapters.vllm import AnyLogits  # noqa: E402
 from anylogits.core.vocab import hf_vocabulary  # noqa: E402
-from anylogits.testing.probes import GeneratedHashBias  # noqa: E402
+from anylogits.testing.probes import GeneratedHashBias, RaiseAfter  # noqa: E402
 from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     CROSS_ENGINE_CASES,
@@ -393,6 +393,38 @@ def test_bad_spec_is_rejected_by_generate_and_the_engine_still_runs(
     assert "extra_args['anylogits'][0]" in message and "top_k" in message
     assert greedy(llm, prompt) == plain
     assert greedy(llm, prompt, RepetitionPenalty(1.3)) != plain
+
+
+def test_a_processor_failing_in_the_engine_ends_its_request_and_no_other(
+    llm: Any, hf: Any, prompt: list[int], plain: list[int], eos: int
+) -> None:
+    """A processor raising inside ``apply()`` ends its own request with EOS; the other
+    requests of the same batch get exactly the tokens they get alone, and the engine
+    keeps serving."""
+    story = hf[1].encode("Once upon a time there was a")
+    requests: list[tuple[list[int], list[LogitsProcessor]]] = [
+        (prompt, [RepetitionPenalty(1.3)]),
+        (prompt, [RaiseAfter(3)]),
+        (story, []),
+        (story, [NoRepeatNGram(2)]),
+        (prompt, [RaiseAfter(3), TopK(5)]),
+        (story, [GeneratedHashBias(12.0)]),
+    ]
+
+    def params(processors: list[LogitsProcessor]) -> SamplingParams:
+        kwargs = {"max_tokens": 12, "temperature": 0.0}
+        return for_vllm(*processors, **kwargs) if processors else SamplingParams(**kwargs)
+
+    alone = [generate(llm, [(ids, params(processors))])[0] for ids, processors in requests]
+    batched = generate(llm, [(ids, params(processors)) for ids, processors in requests])
+    assert batched == alone
+    for (_, processors), tokens in zip(requests, batched, strict=True):
+        if any(isinstance(p, RaiseAfter) for p in processors):
+            # Three tokens, then the failure: EOS, and the request is over.
+            assert tokens == [*plain[:3], eos], tokens
+        else:
+            assert len(tokens) == 12
+    assert greedy(llm, prompt) == plain
 
 
 # -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------

@@ -146,11 +146,16 @@ def test_vocabulary_is_built_once_and_only_for_requests_with_processors() -> Non
     assert calls == [1]
 
 
-def test_logits_narrower_than_the_vocabulary_are_rejected() -> None:
-    requests = RequestBatch(VOCAB)
+def test_logits_narrower_than_the_vocabulary_are_rejected(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inside an engine the mismatch ends the request with the error logged: apply()
+    never raises (it would take the whole engine down)."""
+    requests = RequestBatch(Vocabulary(VOCAB.tokens, eos_token_ids=frozenset({3})))
     requests.add(0, args(TopK(2)), prompt_ids=[1], output_ids=[])
-    with pytest.raises(ValueError, match="vocabulary"):
-        requests.process(torch.zeros(1, 4))
+    logits = requests.process(torch.zeros(1, 4))
+    assert "vocabulary" in caplog.text and "failed on slot(s) [0]" in caplog.text
+    assert logits.tolist() == [[float("-inf")] * 3 + [0.0]]
 
 
 KINDS = {

@@ -29,6 +29,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
+from anylogits.core.limits import limits
 from anylogits.core.requests import SPEC_KEY, RequestBatch, processor_specs, request_specs
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
@@ -68,7 +69,14 @@ def engine_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
 
 
 def _validate(sampling_params: SamplingParams) -> None:
-    request_specs(sampling_params.extra_args)
+    """vLLM turns a ``ValueError`` here into HTTP 400 and anything else into a 500, so
+    whatever a client sent fails as a ``ValueError``."""
+    try:
+        request_specs(sampling_params.extra_args)
+    except ValueError:
+        raise
+    except Exception as error:
+        raise ValueError(f"extra_args[{SPEC_KEY!r}] is not usable: {error!r}") from None
 
 
 class AnyLogitsV1(V1LogitsProcessor):
@@ -84,6 +92,7 @@ class AnyLogitsV1(V1LogitsProcessor):
         _validate(sampling_params)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
+        limits()  # a bad ANYLOGITS_LIMITS stops the engine at start, not every request
         self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
 
     def is_argmax_invariant(self) -> bool:
@@ -149,6 +158,7 @@ if V2LogitsProcessor is not None:
             _validate(sampling_params)
 
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
+            limits()  # a bad ANYLOGITS_LIMITS stops the engine at start
             self.req_states = req_states
             self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
 

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.limits import check_size
 from anylogits.core.pipeline import Pipeline, flatten
-from anylogits.core.specs import check_json_value, from_spec, to_specs
+from anylogits.core.specs import check_json_value, from_spec, load_json, to_specs
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.core.vocab import Vocabulary
 
@@ -48,10 +49,7 @@ def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | N
     where = f"extra_args[{SPEC_KEY!r}]"
     if isinstance(specs, str):
         # The OpenAI server's vllm_xargs only carry strings, numbers and flat lists.
-        try:
-            specs = json.loads(specs)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where} is a string but not valid JSON: {error}") from None
+        specs = load_json(specs, where)
     if isinstance(specs, dict):
         specs = [specs]
     if not isinstance(specs, list):
@@ -59,11 +57,13 @@ def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | N
             f"{where} must be a list of processor specs (dicts with a 'type' field), got "
             f"{type(specs).__name__}; build it with anylogits.to_specs(...)"
         )
+    check_size(where, len(specs), "processors", "processors")
     check_json_value(specs, where)
+    check_size(where, len(json.dumps(specs)), "spec_bytes", "bytes of JSON")
     for index, spec in enumerate(specs):
         try:
             from_spec(spec)
-        except (ValueError, TypeError) as error:
+        except Exception as error:  # untrusted input: any failure is a bad request
             raise ValueError(f"{where}[{index}]: {error}") from None
     return specs or None
 
@@ -311,14 +311,30 @@ class RequestBatch:
         if not self._slots:
             return logits
         layout = self._row_groups(logits.shape[0], row_slots, drafts)
-        if not layout:
-            return logits
-        pipeline_of_first = layout[0].group.pipeline
-        if pipeline_of_first is not None:
-            pipeline_of_first.check_logits(logits)
         for row_group in layout:
-            self._apply(logits, row_group, committed)
+            try:
+                self._apply(logits, row_group, committed)
+            except Exception as error:  # one request's failure must not stop the engine
+                self._fail(logits, row_group, error)
         return logits
+
+    def _fail(self, logits: torch.Tensor, row_group: _RowGroup, error: Exception) -> None:
+        """End the requests of a group whose processors raised, and log why.
+
+        Their rows allow only EOS from now on (this step included); every other row is
+        left as it is. Rows stacked into one call (stateless processors of the same kinds,
+        different parameters) end together: the call cannot say which row failed.
+        """
+        self._layout = None
+        failed = self._failed_group(
+            f"processors {row_group.group.key} failed on slot(s) {row_group.slots}: "
+            f"{type(error).__name__}: {error}"
+        )
+        for request in row_group.requests:
+            request.group = failed
+        ended = self._end_sequences(logits.new_empty(len(row_group.rows), logits.shape[1]))
+        rows = torch.tensor(row_group.rows, device=logits.device)
+        logits.index_copy_(0, rows, ended)
 
     def _group(self, specs: list[dict[str, Any]]) -> _Group:
         key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
@@ -326,7 +342,7 @@ class RequestBatch:
         if group is None:
             try:
                 pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab)
-            except (ValueError, TypeError) as error:
+            except Exception as error:  # e.g. an id beyond the vocabulary: end the request
                 return self._failed_group(f"processors {key} cannot run here: {error}")
             group = self._groups[key] = _Group(key, pipeline, None)
         return group
@@ -383,7 +399,12 @@ class RequestBatch:
             kinds = tuple(type(p) for p in pipeline.processors)
             by_kinds.setdefault(kinds, []).append(row_group)
         for groups in by_kinds.values():
-            merged = self._stacked(groups) if len(groups) > 1 else None
+            merged = None
+            if len(groups) > 1:
+                try:
+                    merged = self._stacked(groups)
+                except Exception:  # a processor's stack() failed: run the groups apart
+                    logger.exception("anylogits: stacking %d groups failed", len(groups))
             merged_layout.extend([merged] if merged is not None else groups)
         return merged_layout
 
@@ -430,6 +451,7 @@ class RequestBatch:
         if pipeline is None:
             rows = self._end_sequences(rows)
         else:
+            pipeline.check_logits(logits)
             requests = row_group.requests
             synced = False
 
@@ -481,13 +503,19 @@ class RequestBatch:
             logits.index_copy_(0, row_group.index, rows)  # type: ignore[arg-type]
 
     def _end_sequences(self, rows: torch.Tensor) -> torch.Tensor:
-        vocab = self.vocab
+        """``rows`` (in place) allowing only the first EOS id; unchanged, with an error
+        logged, when the engine knows no EOS (it then stops at ``max_tokens``)."""
+        try:
+            vocab = self.vocab
+        except Exception:  # the engine's tokenizer failed to load: no EOS to force
+            vocab = None
         eos = sorted(vocab.eos_token_ids) if vocab is not None else []
-        if not eos:
-            raise RuntimeError(
-                "anylogits: a request's processors failed to build and the model has no "
-                "EOS token to end it with; see the logged error"
+        if not eos or eos[0] >= rows.shape[1]:
+            logger.error(
+                "anylogits: the model has no EOS token to end a failed request with; its "
+                "logits are left unprocessed until it reaches max_tokens"
             )
+            return rows
         rows.fill_(float("-inf"))
         rows[:, eos[0]] = 0.0
         return rows

@@ -6,38 +6,67 @@ import json
 import math
 from typing import Any
 
+from anylogits.core.limits import check_size, limits
 from anylogits.core.processor import LogitsProcessor, constructor_parameters, registered_processors
 
 
 def check_json_value(value: Any, where: str) -> None:
-    """Raise ``ValueError`` naming ``where`` unless ``value`` is plain, finite JSON.
+    """Raise ``ValueError`` naming ``where`` unless ``value`` is plain, finite JSON nested
+    at most ``limits().spec_depth`` deep.
 
     vLLM hangs on a non-JSON value in ``extra_args``, so specs are checked before they
-    can reach an engine.
+    can reach an engine. The walk is iterative: a value nested thousands deep gets this
+    error, not a ``RecursionError``.
     """
-    if value is None or isinstance(value, (bool, int, str)):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is {value!r}; spec values must be finite numbers")
-        return
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            check_json_value(item, f"{where}[{index}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(
-                    f"{where} has the key {key!r} of type {type(key).__name__}; "
-                    "spec dict keys must be strings"
-                )
-            check_json_value(item, f"{where}[{key!r}]")
-        return
-    raise ValueError(
-        f"{where} is a {type(value).__name__} ({value!r}); spec values must be JSON "
-        "(None, bool, int, float, str, list, dict)"
-    )
+    depth_limit = limits().spec_depth
+    pending: list[tuple[Any, str, int]] = [(value, where, 0)]
+    while pending:
+        item, path, depth = pending.pop()
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{path} is {item!r}; spec values must be finite numbers")
+            continue
+        if isinstance(item, (list, tuple, dict)) and depth >= depth_limit:
+            raise ValueError(
+                f"{path} nests lists or dicts more than {depth_limit} deep (anylogits "
+                "limit 'spec_depth')"
+            )
+        if isinstance(item, (list, tuple)):
+            pending.extend(
+                (child, f"{path}[{index}]", depth + 1) for index, child in enumerate(item)
+            )
+            continue
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(
+                        f"{path} has the key {key!r} of type {type(key).__name__}; "
+                        "spec dict keys must be strings"
+                    )
+                pending.append((child, f"{path}[{key!r}]", depth + 1))
+            continue
+        raise ValueError(
+            f"{path} is a {type(item).__name__} ({item!r}); spec values must be JSON "
+            "(None, bool, int, float, str, list, dict)"
+        )
+
+
+def load_json(text: str, where: str) -> Any:
+    """``json.loads(text)``, bounded: ``ValueError`` naming ``where`` when the text is
+    longer than ``limits().spec_bytes`` or is not JSON (nesting too deep for the parser
+    included)."""
+    check_size(where, len(text.encode("utf-8", errors="replace")), "spec_bytes", "bytes")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is a string but not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(
+            f"{where} nests lists or dicts too deep to parse (anylogits limit 'spec_depth' "
+            f"is {limits().spec_depth})"
+        ) from None
 
 
 def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
@@ -47,10 +76,7 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
     argument of that processor, or a value is not plain JSON.
     """
     if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"spec is not valid JSON: {error}") from None
+        spec = load_json(spec, "spec")
     if not isinstance(spec, dict):
         raise ValueError(f"a spec must be a dict with a 'type' field, got {type(spec).__name__}")
     check_json_value(spec, "spec")
@@ -74,7 +100,15 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
     )
     if missing:
         raise ValueError(f"spec for {kind!r} is missing required field(s) {missing}")
-    return cls(**fields)
+    try:
+        return cls(**fields)
+    except ValueError:
+        raise
+    except Exception as error:
+        # A spec is untrusted input: whatever a constructor trips over is a bad spec.
+        raise ValueError(
+            f"spec for {kind!r} is not usable: {type(error).__name__}: {error}"
+        ) from None
 
 
 def to_specs(processors: list[LogitsProcessor]) -> list[dict[str, Any]]:

@@ -6,6 +6,13 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from anylogits.core.limits import check_items, check_size, check_text
+
+# No vocabulary comes near 2**31 tokens; larger ids would overflow int32 token tensors.
+MAX_TOKEN_ID = 2**31 - 1
+# Integers go into int64 tensors.
+MAX_INT64 = 2**63 - 1
+
 
 def positive_float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -25,21 +32,34 @@ def probability(name: str, value: Any, *, allow_zero: bool = False) -> float:
     return float(value)
 
 
-def int_at_least(name: str, value: Any, minimum: int) -> int:
+def int_at_least(
+    name: str, value: Any, minimum: int, *, maximum: int = MAX_INT64, limit: str | None = None
+) -> int:
+    """An integer in ``[minimum, maximum]`` (by default: fits int64 tensors) that, with
+    ``limit``, also stays within that anylogits limit."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if value > maximum:
+        bound = "< 2**63" if maximum == MAX_INT64 else f"<= {maximum}"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    if limit is not None:
+        check_size(name, value, limit, "as its value")
     return value
 
 
-def token_id_list(name: str, values: Any) -> tuple[int, ...]:
+def token_id_list(name: str, values: Any, limit: str = "token_ids") -> tuple[int, ...]:
+    """Token ids (ints in ``[0, 2**31)``), at most as many as the ``limit`` allows."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise ValueError(f"{name} must be a list of token ids, got {values!r}")
+    check_items(name, values, limit)
     ids = tuple(values)
     for token_id in ids:
         if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
             raise ValueError(f"{name} must hold token ids (ints >= 0), got {token_id!r}")
+        if token_id > MAX_TOKEN_ID:
+            raise ValueError(f"{name} holds {token_id}, which is no token id (>= 2**31)")
     return ids
 
 
@@ -70,12 +90,15 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
-def nonempty_strings(name: str, values: Any) -> tuple[str, ...]:
-    """A list of non-empty strings (a bare string is rejected, not split into characters)."""
+def nonempty_strings(name: str, values: Any, limit: str = "items") -> tuple[str, ...]:
+    """A list of non-empty strings (a bare string is rejected, not split into characters),
+    at most as many as the ``limit`` allows, each at most ``text_chars`` long."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise ValueError(f"{name} must be a list of strings, got {values!r}")
+    check_items(name, values, limit)
     strings = tuple(values)
-    for value in strings:
+    for index, value in enumerate(strings):
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must hold non-empty strings, got {value!r} in {values!r}")
+        check_text(f"{name}[{index}]", value)
     return strings

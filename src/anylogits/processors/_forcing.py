@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from anylogits.core.limits import check_text
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, token_id_list
 
@@ -26,8 +27,9 @@ def text_or_ids(name: str, value: Any) -> str | tuple[int, ...]:
     if isinstance(value, str):
         if not value:
             raise ValueError(f"{name} must not be empty")
+        check_text(name, value)
         return value
-    ids = token_id_list(name, value)
+    ids = token_id_list(name, value, "sequence_tokens")
     if not ids:
         raise ValueError(f"{name} must hold at least one token id, got {value!r}")
     return ids
@@ -38,6 +40,7 @@ def token_or_text(name: str, value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool):
         return token_id_list(name, [value])[0]
     if isinstance(value, str) and value:
+        check_text(name, value)
         return value
     raise ValueError(f"{name} must be a token id or a non-empty string, got {value!r}")
 

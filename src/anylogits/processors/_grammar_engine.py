@@ -8,12 +8,14 @@ CPU into a packed ``(B, ceil(V/32))`` int32 bitmask, the layout of
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any, Protocol
 
 import torch
 
+from anylogits.core.limits import llguidance_limits
 from anylogits.core.vocab import Vocabulary
 
 
@@ -106,6 +108,25 @@ class _VocabularyTokenizer:
         return ids
 
 
+def _parser_limits(budget: dict[str, int]) -> Any:
+    # verbose_errors=False: an error message must not echo the grammar back to a client.
+    return _llguidance().LLParserLimits(**budget, verbose_errors=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _validation_error(grammar: str, budget: tuple[tuple[str, int], ...]) -> str | None:
+    """llguidance's error for ``grammar`` under ``budget``, or ``None``; remembered, since
+    a server validates each request's grammar in its frontend before the engine compiles
+    the same grammar again."""
+    llguidance = _llguidance()
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        grammar, limits=_parser_limits(dict(budget))
+    )
+    if is_error:
+        return messages[0] if messages else "the grammar does not compile"
+    return None
+
+
 class LLGuidanceEngine:
     """llguidance: tokenizers and compiled grammars cached, masks filled in parallel."""
 
@@ -114,14 +135,13 @@ class LLGuidanceEngine:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokenizers: weakref.WeakKeyDictionary[Vocabulary, Any] = weakref.WeakKeyDictionary()
-        self._compiled: dict[tuple[int, str], Any] = {}
+        self._compiled: dict[tuple[int, str, tuple[int, ...]], Any] = {}
         self._executor: Any = None
 
     def check(self, grammar: str) -> None:
-        llguidance = _llguidance()
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-        if is_error:
-            raise ValueError(messages[0] if messages else "the grammar does not compile")
+        error = _validation_error(grammar, tuple(llguidance_limits().items()))
+        if error is not None:
+            raise ValueError(error)
 
     def tokenizer(self, vocab: Vocabulary) -> Any:
         """llguidance's tokenizer for ``vocab`` (built once: ~1 s at 128k tokens)."""
@@ -137,11 +157,14 @@ class LLGuidanceEngine:
 
     def start(self, grammar: str, vocab: Vocabulary) -> Any:
         tokenizer = self.tokenizer(vocab)
-        key = (id(tokenizer), grammar)
+        budget = llguidance_limits()
+        key = (id(tokenizer), grammar, tuple(budget.values()))
         template = self._compiled.get(key)
         if template is None:
             llguidance = _llguidance()
-            template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+            template = llguidance.LLMatcher(
+                tokenizer, grammar, log_level=0, limits=_parser_limits(budget)
+            )
             if template.is_error():
                 raise ValueError(template.get_error())
             if len(self._compiled) >= 256:  # bounded: a server sees endless schemas

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, ids_within, int_at_least, token_id_list
@@ -86,6 +87,7 @@ class LogitBias(LogitsProcessor):
     def __init__(self, bias: dict[int | str, float]) -> None:
         if not isinstance(bias, dict):
             raise ValueError(f"bias must be a dict of token id -> bias, got {bias!r}")
+        check_items("bias", bias, "token_ids")
         normalized: dict[int, float] = {}
         for key, value in bias.items():
             token_id = _token_id_key(key)

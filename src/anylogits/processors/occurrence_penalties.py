@@ -243,8 +243,10 @@ class DRY(LogitsProcessor):
         self.multiplier = finite_float("multiplier", multiplier, minimum=0.0)
         self.base = finite_float("base", base, minimum=1.0)
         self.allowed_length = int_at_least("allowed_length", allowed_length, 0)
-        self.sequence_breakers = nonempty_strings("sequence_breakers", sequence_breakers)
-        self.penalty_last_n = int_at_least("penalty_last_n", penalty_last_n, -1)
+        self.sequence_breakers = nonempty_strings(
+            "sequence_breakers", sequence_breakers, "sequence_breakers"
+        )
+        self.penalty_last_n = int_at_least("penalty_last_n", penalty_last_n, -1, limit="window")
         self._table: BreakerTable | None = None
 
     def config(self) -> dict[str, Any]:

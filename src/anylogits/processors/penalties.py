@@ -73,7 +73,9 @@ class RepetitionPenalty(LogitsProcessor):
     def __init__(self, penalty: float, context_size: int | None = None) -> None:
         self.penalty = positive_float("penalty", penalty)
         self.context_size = (
-            None if context_size is None else int_at_least("context_size", context_size, 1)
+            None
+            if context_size is None
+            else int_at_least("context_size", context_size, 1, limit="window")
         )
 
     def config(self) -> dict[str, Any]:
@@ -135,7 +137,7 @@ class NoRepeatNGram(LogitsProcessor):
     spec_name = "no_repeat_ngram"
 
     def __init__(self, ngram_size: int) -> None:
-        self.ngram_size = int_at_least("ngram_size", ngram_size, 1)
+        self.ngram_size = int_at_least("ngram_size", ngram_size, 1, limit="ngram_size")
 
     def config(self) -> dict[str, Any]:
         return {"ngram_size": self.ngram_size}

@@ -55,6 +55,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import boolean, finite_float, int_at_least
@@ -674,6 +675,7 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
             raise ValueError(f"choices must be a list of labels, got {choices!r}")
         if not choices:
             raise ValueError("choices must hold at least one label")
+        check_items("choices", choices)
         self.choices = [token_or_text(f"choices[{i}]", c) for i, c in enumerate(choices)]
         self.delimiter = token_or_text("delimiter", delimiter)
         self.boost_first_words = finite_float("boost_first_words", boost_first_words)

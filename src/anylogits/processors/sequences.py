@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.limits import check_items, check_text
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
@@ -74,7 +75,7 @@ class _SequenceEnds:
 
 
 def _sequence(name: str, value: Any) -> tuple[int, ...]:
-    ids = token_id_list(name, value)
+    ids = token_id_list(name, value, "sequence_tokens")
     if not ids:
         raise ValueError(f"{name} must hold at least one token id, got {value!r}")
     return ids
@@ -118,11 +119,13 @@ class BadWords(LogitsProcessor):
     def __init__(self, words: list[list[int] | str]) -> None:
         if isinstance(words, (str, bytes)) or not isinstance(words, (list, tuple)):
             raise ValueError(f"words must be a list of token-id lists or strings, got {words!r}")
+        check_items("words", words)
         entries: list[tuple[int, ...] | str] = []
         for index, word in enumerate(words):
             if isinstance(word, str):
                 if not word:
                     raise ValueError(f"words[{index}] is an empty string")
+                check_text(f"words[{index}]", word)
                 entries.append(word)
             else:
                 entries.append(_sequence(f"words[{index}]", word))
@@ -189,6 +192,7 @@ class SequenceBias(LogitsProcessor):
     def __init__(self, biases: list[list[Any]]) -> None:
         if isinstance(biases, (str, bytes)) or not isinstance(biases, (list, tuple)):
             raise ValueError(f"biases must be a list of [token_ids, bias] pairs, got {biases!r}")
+        check_items("biases", biases)
         pairs: dict[tuple[int, ...], float] = {}
         for index, pair in enumerate(biases):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
@@ -384,10 +388,12 @@ class StopStrings(StatefulLogitsProcessor[_StopState]):
             stop_strings = [stop_strings]
         if not isinstance(stop_strings, (list, tuple)):
             raise ValueError(f"stop_strings must be a list of strings, got {stop_strings!r}")
+        check_items("stop_strings", stop_strings)
         encoded: list[bytes] = []
         for index, stop in enumerate(stop_strings):
             if not isinstance(stop, str) or not stop:
                 raise ValueError(f"stop_strings[{index}] must be a non-empty string, got {stop!r}")
+            check_text(f"stop_strings[{index}]", stop)
             try:
                 encoded.append(stop.encode("utf-8"))
             except UnicodeEncodeError:

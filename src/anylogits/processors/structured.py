@@ -14,7 +14,9 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.limits import check_items, check_size, check_text
 from anylogits.core.processor import StatefulLogitsProcessor
+from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._bitmask import apply_bitmask, pack_bits
 from anylogits.processors._grammar_engine import ENGINE, _llguidance
@@ -90,6 +92,7 @@ class Regex(_Grammar):
     def __init__(self, pattern: str) -> None:
         if not isinstance(pattern, str):
             raise ValueError(f"pattern must be a string, got {pattern!r}")
+        check_text("pattern", pattern, "grammar_chars")
         self.pattern = pattern
         self._set_grammar(_llguidance().LLMatcher.grammar_from_regex(pattern), f"regex {pattern!r}")
 
@@ -123,14 +126,19 @@ class JSONSchema(_Grammar):
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()
         elif isinstance(schema, str):
+            check_text("schema", schema, "grammar_chars")
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as error:
                 raise ValueError(f"schema is not valid JSON: {error}") from None
+            except RecursionError:
+                raise ValueError("schema nests too deep to parse") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(
                 f"schema must be a dict, its JSON text or a pydantic model class, got {schema!r}"
             )
+        check_json_value(schema, "schema")
+        check_size("schema", len(json.dumps(schema)), "grammar_chars", "bytes of JSON")
         if not isinstance(flexible_whitespace, bool):
             raise ValueError(f"flexible_whitespace must be a bool, got {flexible_whitespace!r}")
         self.schema = schema
@@ -171,6 +179,8 @@ class Choice(_Grammar):
             or not all(isinstance(c, str) for c in choices)
         ):
             raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
+        check_items("choices", choices)
+        check_size("choices", sum(map(len, choices)), "grammar_chars", "characters in all")
         if len(set(choices)) != len(choices):
             raise ValueError(f"choices holds duplicates: {choices!r}")
         self.choices = list(choices)
@@ -204,6 +214,7 @@ class Grammar(_Grammar):
     def __init__(self, grammar: str, syntax: str = "lark") -> None:
         if not isinstance(grammar, str):
             raise ValueError(f"grammar must be a string, got {grammar!r}")
+        check_text("grammar", grammar, "grammar_chars")
         if syntax not in ("lark", "gbnf"):
             raise ValueError(f"syntax must be 'lark' or 'gbnf', got {syntax!r}")
         self.text = grammar

@@ -94,7 +94,7 @@ class Watermark(LogitsProcessor):
         self.bias = finite_float("bias", bias)
         self.hashing_key = _hashing_key(hashing_key)
         self.seeding_scheme = _seeding_scheme(seeding_scheme)
-        self.context_width = int_at_least("context_width", context_width, 1)
+        self.context_width = int_at_least("context_width", context_width, 1, limit="ngram_size")
 
     def config(self) -> dict[str, Any]:
         return {
@@ -273,7 +273,7 @@ def check_watermark_parameters(
         _greenlist_ratio(greenlist_ratio),
         _hashing_key(hashing_key),
         _seeding_scheme(seeding_scheme),
-        int_at_least("context_width", context_width, 1),
+        int_at_least("context_width", context_width, 1, limit="ngram_size"),
     )
 
 
@@ -285,11 +285,8 @@ def _greenlist_ratio(value: Any) -> float:
 
 
 def _hashing_key(value: Any) -> int:
-    key = int_at_least("hashing_key", value, 0)
     # selfhash multiplies it with int64 tensors, as transformers does.
-    if key >= 2**63:
-        raise ValueError(f"hashing_key must be < 2**63, got {value!r}")
-    return key
+    return int_at_least("hashing_key", value, 0)
 
 
 def _seeding_scheme(value: Any) -> str:

@@ -99,7 +99,7 @@ class XTC(StatefulLogitsProcessor[int]):
     ) -> None:
         self.threshold = _threshold(threshold)
         self.probability = checked_probability("probability", probability, allow_zero=True)
-        self.seed = int_at_least("seed", seed, 0)
+        self.seed = int_at_least("seed", seed, 0, maximum=2**64)
         if self.seed > _MASK64:
             raise ValueError(f"seed must be < 2**64, got {seed!r}")
         self.protected_token_ids = token_id_list("protected_token_ids", protected_token_ids or [])

@@ -109,3 +109,26 @@ class ReverseRanks(LogitsProcessor):
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return torch.where(torch.isfinite(logits), -logits, logits)
+
+
+class RaiseAfter(LogitsProcessor):
+    """Raise ``RuntimeError`` once a row has generated ``tokens`` tokens: a processor that
+    fails inside an engine, to show that the failure ends its own request only.
+
+    Args:
+        tokens: generated tokens after which every call raises.
+    """
+
+    spec_name = "testing.raise_after"
+    needs_sequences = True
+
+    def __init__(self, tokens: int = 2) -> None:
+        self.tokens = int(tokens)
+
+    def config(self) -> dict[str, Any]:
+        return {"tokens": self.tokens}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if bool((batch.generated_lengths >= self.tokens).any()):
+            raise RuntimeError(f"testing.raise_after: {self.tokens} tokens were generated")
+        return logits

@@ -1,0 +1,282 @@
+"""Hostile specs: one oversized value per size-valued field of the catalogue, plus the
+request-level shapes that once stalled or killed a vLLM server. The unit tests check
+each against the limits in Python; the server suite sends each to a real vLLM server.
+
+Sizes are read from the limits in force when a case is built, so a case is exactly one
+past its limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from anylogits.core.limits import limits
+
+# (field as the error names it, the limit, spec builder)
+Case = tuple[str, str, Callable[[], dict[str, Any]]]
+
+
+def _over(name: str) -> int:
+    return getattr(limits(), name) + 1
+
+
+def _text(name: str = "text_chars") -> str:
+    return "x" * _over(name)
+
+
+def _ids(name: str) -> list[int]:
+    return [1] * _over(name)
+
+
+def _distinct_ids(name: str) -> list[int]:
+    return list(range(_over(name)))
+
+
+def _long_choices() -> list[str]:
+    """Distinct choices, each within ``text_chars``, together over ``grammar_chars``."""
+    size = limits().text_chars
+    return [f"{i:08d}".ljust(size, "x") for i in range(limits().grammar_chars // size + 1)]
+
+
+def _nested_dict(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+OVERSIZED: dict[str, Case] = {
+    "bad_words.words": (
+        "words",
+        "items",
+        lambda: {"type": "bad_words", "words": [[1]] * _over("items")},
+    ),
+    "bad_words.words[0].text": (
+        "words[0]",
+        "text_chars",
+        lambda: {"type": "bad_words", "words": [_text()]},
+    ),
+    "bad_words.words[0].ids": (
+        "words[0]",
+        "sequence_tokens",
+        lambda: {"type": "bad_words", "words": [_ids("sequence_tokens")]},
+    ),
+    "sequence_bias.biases": (
+        "biases",
+        "items",
+        lambda: {"type": "sequence_bias", "biases": [[[i], 1.0] for i in range(_over("items"))]},
+    ),
+    "sequence_bias.biases[0][0]": (
+        "biases[0][0]",
+        "sequence_tokens",
+        lambda: {"type": "sequence_bias", "biases": [[_ids("sequence_tokens"), 1.0]]},
+    ),
+    "stop_strings.stop_strings": (
+        "stop_strings",
+        "items",
+        lambda: {"type": "stop_strings", "stop_strings": ["x"] * _over("items")},
+    ),
+    "stop_strings.stop_strings[0]": (
+        "stop_strings[0]",
+        "text_chars",
+        lambda: {"type": "stop_strings", "stop_strings": [_text()]},
+    ),
+    "logit_bias.bias": (
+        "bias",
+        "token_ids",
+        lambda: {"type": "logit_bias", "bias": {str(i): 1.0 for i in _distinct_ids("token_ids")}},
+    ),
+    "suppress_tokens.token_ids": (
+        "token_ids",
+        "token_ids",
+        lambda: {"type": "suppress_tokens", "token_ids": _ids("token_ids")},
+    ),
+    "xtc.protected_token_ids": (
+        "protected_token_ids",
+        "token_ids",
+        lambda: {
+            "type": "xtc",
+            "threshold": 0.1,
+            "probability": 0.5,
+            "protected_token_ids": _ids("token_ids"),
+        },
+    ),
+    "min_new_tokens.eos_token_id": (
+        "eos_token_id",
+        "token_ids",
+        lambda: {"type": "min_new_tokens", "min_new_tokens": 2, "eos_token_id": _ids("token_ids")},
+    ),
+    "exponential_decay_length.eos_token_id": (
+        "eos_token_id",
+        "token_ids",
+        lambda: {
+            "type": "exponential_decay_length",
+            "start_index": 2,
+            "decay_factor": 1.5,
+            "eos_token_id": _ids("token_ids"),
+        },
+    ),
+    "force_last_phrase.eos_token_id": (
+        "eos_token_id",
+        "token_ids",
+        lambda: {"type": "force_last_phrase", "phrase": [4], "eos_token_id": _ids("token_ids")},
+    ),
+    "cite_from_prompt.eos_token_id": (
+        "eos_token_id",
+        "token_ids",
+        lambda: {"type": "cite_from_prompt", "eos_token_id": _ids("token_ids")},
+    ),
+    "dry.sequence_breakers": (
+        "sequence_breakers",
+        "sequence_breakers",
+        lambda: {
+            "type": "dry",
+            "multiplier": 0.8,
+            "sequence_breakers": ["x"] * _over("sequence_breakers"),
+        },
+    ),
+    "dry.sequence_breakers[0]": (
+        "sequence_breakers[0]",
+        "text_chars",
+        lambda: {"type": "dry", "multiplier": 0.8, "sequence_breakers": [_text()]},
+    ),
+    "dry.penalty_last_n": (
+        "penalty_last_n",
+        "window",
+        lambda: {"type": "dry", "multiplier": 0.8, "penalty_last_n": _over("window")},
+    ),
+    "repetition_penalty.context_size": (
+        "context_size",
+        "window",
+        lambda: {"type": "repetition_penalty", "penalty": 1.3, "context_size": _over("window")},
+    ),
+    "no_repeat_ngram.ngram_size": (
+        "ngram_size",
+        "ngram_size",
+        lambda: {"type": "no_repeat_ngram", "ngram_size": _over("ngram_size")},
+    ),
+    "watermark.context_width": (
+        "context_width",
+        "ngram_size",
+        lambda: {"type": "watermark", "context_width": _over("ngram_size")},
+    ),
+    "force_sequence.phrase.text": (
+        "phrase",
+        "text_chars",
+        lambda: {"type": "force_sequence", "phrase": _text()},
+    ),
+    "force_sequence.phrase.ids": (
+        "phrase",
+        "sequence_tokens",
+        lambda: {"type": "force_sequence", "phrase": _ids("sequence_tokens")},
+    ),
+    "trigger_phrase.trigger": (
+        "trigger",
+        "text_chars",
+        lambda: {
+            "type": "trigger_phrase",
+            "trigger": _text(),
+            "phrase": [4],
+            "trigger_after": True,
+        },
+    ),
+    "trigger_phrase.phrase": (
+        "phrase",
+        "sequence_tokens",
+        lambda: {"type": "trigger_phrase", "trigger": [5], "phrase": _ids("sequence_tokens")},
+    ),
+    "force_last_phrase.phrase": (
+        "phrase",
+        "text_chars",
+        lambda: {"type": "force_last_phrase", "phrase": _text()},
+    ),
+    "gen_length.boost_token": (
+        "boost_token",
+        "text_chars",
+        lambda: {"type": "gen_length", "boost_factor": 0.5, "boost_token": _text()},
+    ),
+    "multiple_choice.choices": (
+        "choices",
+        "items",
+        lambda: {"type": "multiple_choice", "choices": [2] * _over("items")},
+    ),
+    "multiple_choice.choices[0]": (
+        "choices[0]",
+        "text_chars",
+        lambda: {"type": "multiple_choice", "choices": [_text()]},
+    ),
+    "multiple_choice.delimiter": (
+        "delimiter",
+        "text_chars",
+        lambda: {"type": "multiple_choice", "delimiter": _text()},
+    ),
+    "choice.choices": (
+        "choices",
+        "items",
+        lambda: {"type": "choice", "choices": [str(i) for i in range(_over("items"))]},
+    ),
+    "choice.choices.chars": (
+        "choices",
+        "grammar_chars",
+        lambda: {"type": "choice", "choices": _long_choices()},
+    ),
+    "json_schema.schema.depth": (
+        "schema",
+        "spec_depth",
+        lambda: {"type": "json_schema", "schema": _nested_dict(_over("spec_depth"))},
+    ),
+    "regex.pattern": (
+        "pattern",
+        "grammar_chars",
+        lambda: {"type": "regex", "pattern": _text("grammar_chars")},
+    ),
+    "grammar.grammar": (
+        "grammar",
+        "grammar_chars",
+        lambda: {"type": "grammar", "grammar": 'start: "' + _text("grammar_chars") + '"'},
+    ),
+    "json_schema.schema": (
+        "schema",
+        "grammar_chars",
+        lambda: {
+            "type": "json_schema",
+            "schema": {"type": "string", "pattern": _text("grammar_chars")},
+        },
+    ),
+}
+
+# Fields that are options, not sizes: any oversized value is simply not one of them.
+NOT_SIZES = {("watermark", "seeding_scheme"), ("grammar", "syntax")}
+
+
+def alternatives_grammar(count: int) -> str:
+    """A Lark grammar of ``count`` literal alternatives (100,000 once held a vLLM engine
+    for ~65 s)."""
+    return "start: " + " | ".join(f'"tok{i}"' for i in range(count))
+
+
+def nested(depth: int) -> str:
+    """JSON text of lists nested ``depth`` deep (5,000 was a 500 from vLLM's server)."""
+    return "[" * depth + "]" * depth
+
+
+# The requests of issue 14, as the text of vllm_xargs' "anylogits" field, with the limit
+# each must be refused by under the default limits.
+REQUEST_LEVEL: dict[str, tuple[str, str]] = {
+    "dry_100k_breakers": (
+        json.dumps([{"type": "dry", "multiplier": 0.8, "sequence_breakers": ["x" * 50] * 100_000}]),
+        "spec_bytes",
+    ),
+    "grammar_100k_alternatives": (
+        json.dumps(
+            [{"type": "grammar", "syntax": "lark", "grammar": alternatives_grammar(100_000)}]
+        ),
+        "spec_bytes",
+    ),
+    "top_k_10k_times": (json.dumps([{"type": "top_k", "top_k": 5}] * 10_000), "spec_bytes"),
+    "top_k_33_times": (json.dumps([{"type": "top_k", "top_k": 5}] * 33), "processors"),
+    "nested_5000": (nested(5000), "spec_depth"),
+    "nested_65": (nested(65), "spec_depth"),
+}

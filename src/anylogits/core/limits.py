@@ -1,0 +1,199 @@
+"""Cost limits: how much work one processor configuration may ask for.
+
+On a vLLM server every spec field comes from a client, and one request must not be able
+to stall or kill an engine that serves everyone. So every processor checks, when it is
+built (and therefore wherever a spec is parsed: in vLLM's frontend ``validate_params``,
+which turns the ``ValueError`` into an HTTP 400), that what it was given stays within
+these limits. The same checks run on every backend, so a configuration that works in a
+notebook works on the server.
+
+The defaults are far above any use we know of (each one's reason is in :data:`REASONS`).
+An operator changes them in one place, the ``ANYLOGITS_LIMITS`` environment variable, a
+JSON object (``ANYLOGITS_LIMITS='{"items": 4096}'``), which every process of a server
+inherits: the API server, the engine core and each tensor-parallel worker. In Python,
+:func:`set_limits` does the same and exports the variable, so engine processes started
+afterwards agree.
+
+Example:
+    >>> from anylogits import SuppressTokens
+    >>> from anylogits.core.limits import override
+    >>> with override(token_ids=2):
+    ...     SuppressTokens([1, 2, 3])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: token_ids has 3 items, more than the limit of 2 (anylogits limit 'token_ids'; ...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+ENVIRONMENT_VARIABLE = "ANYLOGITS_LIMITS"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on what one processor configuration (one request) may ask for."""
+
+    spec_bytes: int = 131_072
+    spec_depth: int = 64
+    processors: int = 32
+    items: int = 1024
+    token_ids: int = 32_768
+    text_chars: int = 1024
+    sequence_tokens: int = 256
+    sequence_breakers: int = 16
+    ngram_size: int = 32
+    window: int = 1_048_576
+    grammar_chars: int = 131_072
+    grammar_lexer_fuel: int = 1_000_000
+    grammar_step_fuel: int = 200_000
+    grammar_step_items: int = 50_000
+    grammar_size: int = 500_000
+
+
+REASONS: dict[str, str] = {
+    "spec_bytes": "JSON text of one request's specs. The largest of 180 real-world JSON "
+    "schemas (JSONSchemaBench) is 26 KB; parsing and compiling grow with it.",
+    "spec_depth": "nesting of spec values (JSON schemas included). Real schemas nest "
+    "about 10 deep; Python's parsers recurse, so 5,000 levels would crash them.",
+    "processors": "processors in one request; each adds a pass over the logits per step.",
+    "items": "entries of a list or dict field: bad words, sequence biases, stop strings, "
+    "choices, multiple-choice options. Each is matched every step (or compiled).",
+    "token_ids": "token ids in one id-list field: suppressed tokens, logit biases, "
+    "protected or EOS ids. One vectorized op per step, so the bound is generous.",
+    "text_chars": "characters of one string entry (a stop string, a bad word, a phrase, "
+    "a choice, a breaker). Tokenized once, scanned per token (stop strings).",
+    "sequence_tokens": "tokens in one token sequence (a bad word, a biased sequence, a "
+    "forced phrase). Every sequence is compared with the history's tail per step.",
+    "sequence_breakers": "DRY sequence breakers: each is resolved against the whole "
+    "vocabulary (about 25 ms at 128k tokens) and matched per step. llama.cpp uses 4.",
+    "ngram_size": "NoRepeatNGram's n and Watermark's context_width: the history is "
+    "compared (or hashed) in windows of that many tokens, per candidate token.",
+    "window": "history windows in tokens (DRY penalty_last_n, RepetitionPenalty "
+    "context_size); longer than any model's context.",
+    "grammar_chars": "text of one regex, grammar or JSON schema (and all choices "
+    "together). Parsing a 1.3 MB grammar takes llguidance ~7 s before any limit applies.",
+    "grammar_lexer_fuel": "llguidance's initial_lexer_fuel: work to build a grammar's "
+    "lexer (~50k per ms). llguidance's default.",
+    "grammar_step_fuel": "llguidance's step_lexer_fuel: lexer work per generated token "
+    "(~14k per ms). llguidance's default.",
+    "grammar_step_items": "llguidance's step_max_items: Earley items per generated token "
+    "(~20k per ms). llguidance's default.",
+    "grammar_size": "llguidance's max_grammar_size: symbols in a grammar's productions. "
+    "llguidance's default.",
+}
+
+_current: Limits | None = None
+
+
+def _parse(text: str) -> dict[str, int]:
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE} is not a JSON object ({error}); e.g. "
+            f"{ENVIRONMENT_VARIABLE}='{{\"items\": 4096}}'"
+        ) from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{ENVIRONMENT_VARIABLE} must be a JSON object, got {text!r}")
+    return values
+
+
+def _checked(changes: dict[str, Any]) -> dict[str, int]:
+    known = {field.name for field in dataclasses.fields(Limits)}
+    for name, value in changes.items():
+        if name not in known:
+            raise ValueError(f"{name!r} is not an anylogits limit; the limits are {sorted(known)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"limit {name!r} must be an integer >= 1, got {value!r}")
+    return changes
+
+
+def limits() -> Limits:
+    """The limits in force: defaults, changed by ``ANYLOGITS_LIMITS`` and :func:`set_limits`."""
+    global _current
+    if _current is None:
+        text = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
+        _current = Limits(**_checked(_parse(text))) if text else Limits()
+    return _current
+
+
+def set_limits(**changes: int) -> Limits:
+    """Change limits for this process and the processes it starts from now on.
+
+    Exports ``ANYLOGITS_LIMITS`` so that engine processes (vLLM's engine core, its
+    workers) started afterwards use the same limits. Returns the limits in force before.
+    """
+    previous = limits()
+    _install(dataclasses.replace(previous, **_checked(changes)))
+    return previous
+
+
+def _install(new: Limits) -> None:
+    global _current
+    _current = new
+    changed = {
+        field.name: getattr(new, field.name)
+        for field in dataclasses.fields(Limits)
+        if getattr(new, field.name) != field.default
+    }
+    if changed:
+        os.environ[ENVIRONMENT_VARIABLE] = json.dumps(changed)
+    else:
+        os.environ.pop(ENVIRONMENT_VARIABLE, None)
+
+
+@contextlib.contextmanager
+def override(**changes: int) -> Iterator[Limits]:
+    """Limits changed inside a ``with`` block only (tests, one-off jobs)."""
+    previous = set_limits(**changes)
+    try:
+        yield limits()
+    finally:
+        _install(previous)
+
+
+def exceeded(field: str, size: int, limit: str, unit: str = "items") -> ValueError:
+    """The error for ``field`` holding ``size`` units where ``limit`` allows fewer."""
+    bound = getattr(limits(), limit)
+    return ValueError(
+        f"{field} has {size} {unit}, more than the limit of {bound} (anylogits limit "
+        f"{limit!r}; raise it with {ENVIRONMENT_VARIABLE}='{{\"{limit}\": N}}')"
+    )
+
+
+def check_size(field: str, size: int, limit: str, unit: str = "items") -> None:
+    """Raise ``ValueError`` naming ``field``, its size and the limit when over it."""
+    if size > getattr(limits(), limit):
+        raise exceeded(field, size, limit, unit)
+
+
+def check_items(field: str, values: Any, limit: str = "items") -> None:
+    """Bound the length of a list, tuple or dict field (other values are left to the
+    field's own type check)."""
+    if isinstance(values, (list, tuple, dict)):
+        check_size(field, len(values), limit)
+
+
+def check_text(field: str, text: Any, limit: str = "text_chars") -> None:
+    """Bound the length of a string field (other values are left to the type check)."""
+    if isinstance(text, str):
+        check_size(field, len(text), limit, "characters")
+
+
+def llguidance_limits() -> dict[str, int]:
+    """The grammar limits as ``llguidance.LLParserLimits`` keyword arguments."""
+    current = limits()
+    return {
+        "initial_lexer_fuel": current.grammar_lexer_fuel,
+        "step_lexer_fuel": current.grammar_step_fuel,
+        "step_max_items": current.grammar_step_items,
+        "max_grammar_size": current.grammar_size,
+    }
