@@ -44,6 +44,7 @@ def _param_names(key: str) -> list[str]:
         "VllmOverAdapter": ["processor", "implementation", "batch"],
         "StructuredPerToken": ["batch"],
         "SchemaCompile": [],
+        "CostAtLimits": ["processor", "batch"],
     }[key.split(".")[-2]]
 
 
@@ -136,6 +137,13 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         "bench_structured.SchemaCompile.track_compile_ms_per_schema",
         None,
         None,
+    ),
+    (
+        "9. per step at the cost limits / as typically configured, V=128k (extra: ms per "
+        "step at the limits)",
+        "bench_limits.CostAtLimits.track_at_limits_over_typical",
+        "bench_limits.CostAtLimits.track_ms_per_step_at_limits",
+        lambda params, ratio, extra: f"({extra[params_key(params)]:.2f} ms/step at the limits)",
     ),
 ]
 

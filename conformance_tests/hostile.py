@@ -276,7 +276,7 @@ REQUEST_LEVEL: dict[str, tuple[str, str]] = {
         "spec_bytes",
     ),
     "top_k_10k_times": (json.dumps([{"type": "top_k", "top_k": 5}] * 10_000), "spec_bytes"),
-    "top_k_33_times": (json.dumps([{"type": "top_k", "top_k": 5}] * 33), "processors"),
+    "top_k_17_times": (json.dumps([{"type": "top_k", "top_k": 5}] * 17), "processors"),
     "nested_5000": (nested(5000), "spec_depth"),
     "nested_65": (nested(65), "spec_depth"),
 }

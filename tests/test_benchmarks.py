@@ -88,3 +88,9 @@ def test_structured_benchmarks_run() -> None:
     benchmark.setup()
     assert benchmark.track_coverage() >= 125
     assert benchmark.track_compile_ms_per_schema() > 0
+
+
+def test_cost_at_limits_runs() -> None:
+    from benchmarks.bench_limits import CostAtLimits
+
+    run(CostAtLimits(), "track_at_limits_over_typical", "dry", 1)

@@ -389,3 +389,11 @@ def test_dry_ignores_ids_beyond_the_logits_width() -> None:
 def test_breaker_tables_are_resolved_once_per_vocabulary() -> None:
     assert breaker_table(TOY, ("\n",)) is breaker_table(TOY, ("\n",))
     assert breaker_table(TOY, ("\n",)).single == frozenset({NEWLINE})
+
+
+def test_breaker_tables_per_vocabulary_are_bounded() -> None:
+    first = breaker_table(TOY, ("\n", "0"))
+    for index in range(300):
+        breaker_table(TOY, ("\n", str(index)))
+    assert breaker_table(TOY, ("\n",)) is breaker_table(TOY, ("\n",))
+    assert breaker_table(TOY, ("\n", "0")) is not first  # dropped, resolved again

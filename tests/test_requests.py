@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 import torch
@@ -202,3 +203,27 @@ def test_rows_of_one_kind_with_different_parameters_are_stacked_exactly(
     distinct = len({json.dumps(to_specs(p)) for p in rows})
     stacked = len(requests._row_groups(batch, None, None))
     assert stacked == (distinct if kind == "top_p_does_not_stack" else 1)
+
+
+def test_prefetched_vocabulary_is_built_once_in_the_background() -> None:
+    built: list[str] = []
+
+    def source() -> Vocabulary:
+        built.append(threading.current_thread().name)
+        return VOCAB
+
+    requests = RequestBatch(source)
+    requests.prefetch_vocabulary()
+    requests.prefetch_vocabulary()
+    assert requests.vocab is VOCAB and requests.vocab is VOCAB
+    assert built == ["anylogits-vocabulary"]
+
+
+def test_a_failed_prefetch_raises_where_the_vocabulary_is_used() -> None:
+    def source() -> Vocabulary:
+        raise OSError("no tokenizer")
+
+    requests = RequestBatch(source)
+    requests.prefetch_vocabulary()
+    with pytest.raises(OSError, match="no tokenizer"):
+        _ = requests.vocab

@@ -94,6 +94,7 @@ class AnyLogitsV1(V1LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         limits()  # a bad ANYLOGITS_LIMITS stops the engine at start, not every request
         self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
+        self.requests.prefetch_vocabulary()
 
     def is_argmax_invariant(self) -> bool:
         # Requests may carry biases and penalties, which move the argmax.
@@ -161,6 +162,7 @@ if V2LogitsProcessor is not None:
             limits()  # a bad ANYLOGITS_LIMITS stops the engine at start
             self.req_states = req_states
             self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
+            self.requests.prefetch_vocabulary()
 
         def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
             prompt_length = int(self.req_states.prompt_len.np[req_idx])

@@ -11,8 +11,10 @@ pipeline call; rows without specs are never touched.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -207,6 +209,7 @@ class RequestBatch:
         self._vocab_ready = not callable(vocab)
         if self._vocab_ready:
             self._vocab = vocab  # type: ignore[assignment]
+        self._prefetch: concurrent.futures.Future[Vocabulary | None] | None = None
         self._groups: dict[str, _Group] = {}
         self._slots: dict[int, _Request] = {}
         self._layout: tuple[int, list[_RowGroup]] | None = None
@@ -220,9 +223,29 @@ class RequestBatch:
     @property
     def vocab(self) -> Vocabulary | None:
         if not self._vocab_ready:
-            self._vocab = self._vocab_source()  # type: ignore[operator]
+            prefetch, self._prefetch = self._prefetch, None
+            # A failed build raises here (and is tried again next time).
+            source = prefetch.result if prefetch is not None else self._vocab_source
+            self._vocab = source()  # type: ignore[operator]
             self._vocab_ready = True
         return self._vocab
+
+    def prefetch_vocabulary(self) -> None:
+        """Start building the vocabulary in a background thread, so that the first request
+        with processors does not hold the engine while the tokenizer is loaded and read
+        (~1-4 s for 128k tokens)."""
+        if self._vocab_ready or self._prefetch is not None:
+            return
+        future: concurrent.futures.Future[Vocabulary | None] = concurrent.futures.Future()
+
+        def build() -> None:
+            try:
+                future.set_result(self._vocab_source())  # type: ignore[operator]
+            except Exception as error:
+                future.set_exception(error)
+
+        threading.Thread(target=build, name="anylogits-vocabulary", daemon=True).start()
+        self._prefetch = future
 
     def add(
         self,

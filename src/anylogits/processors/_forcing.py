@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from anylogits.core.limits import check_text
+from anylogits.core.limits import check_size, check_text
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, token_id_list
 
@@ -67,6 +67,7 @@ def encode(
     ids = tuple(vocab.encode(value))
     if not ids:
         raise ValueError(f"{owner}: {name} {value!r} encodes to no tokens")
+    check_size(f"{owner}: {name} (tokenized)", len(ids), "sequence_tokens", "tokens")
     return ids
 
 

@@ -3,6 +3,8 @@ generated tokens, and DRY ("don't repeat yourself") on repeated token sequences.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -322,21 +324,55 @@ class BreakerTable:
     tails: dict[tuple[int, ...], frozenset[int]]
     _on_device: dict[torch.device, Any] = field(default_factory=dict, repr=False)
 
-    def on(self, device: torch.device) -> tuple[torch.Tensor, list[tuple[torch.Tensor, tuple]]]:
-        """``(single id mask, [(head id mask, tail ids), ...])`` on ``device``."""
+    def on(self, device: torch.device) -> tuple[torch.Tensor, _TailForms]:
+        """``(single id mask, the multi-token forms)`` on ``device``."""
         cached = self._on_device.get(device)
         if cached is None:
-            cached = (
-                self._mask(self.single, device),
-                [(self._mask(heads, device), tail) for tail, heads in self.tails.items()],
-            )
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[sorted(self.single)] = True
+            cached = (mask.to(device), _TailForms(self.tails, device))
             self._on_device[device] = cached
         return cached
 
-    def _mask(self, ids: frozenset[int], device: torch.device) -> torch.Tensor:
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        mask[sorted(ids)] = True
-        return mask.to(device)
+
+class _TailForms:
+    """The multi-token breakers (a head token, then a fixed tail), laid out to be found
+    in a history with a few tensor ops however many there are: tails grouped by length,
+    each group matched by a rolling hash of the tokens that follow every position (then
+    checked token by token where a hash matches), heads checked as ``(head, tail)`` pair
+    keys with one ``isin``."""
+
+    def __init__(self, tails: dict[tuple[int, ...], frozenset[int]], device: torch.device) -> None:
+        ordered = list(tails.items())
+        self.count = len(ordered)
+        self.longest = max((len(tail) for tail, _ in ordered), default=0)
+        keys = [
+            head * self.count + index for index, (_, heads) in enumerate(ordered) for head in heads
+        ]
+        self.pair_keys = torch.tensor(sorted(keys), dtype=torch.int64, device=device)
+        by_length: dict[int, list[int]] = {}
+        for index, (tail, _) in enumerate(ordered):
+            by_length.setdefault(len(tail), []).append(index)
+        self.groups = []
+        for length, indices in sorted(by_length.items()):
+            tokens = torch.tensor([ordered[i][0] for i in indices], dtype=torch.int64)
+            hashes = _rolling_hashes(tokens)[:, -1]
+            ids = torch.tensor(indices, dtype=torch.int64)
+            self.groups.append((length, tokens.to(device), hashes.to(device), ids.to(device)))
+
+
+_HASH_BASE = 1_000_003
+_HASH_MODULUS = 2_147_483_647  # 2**31 - 1: every product stays below 2**62
+
+
+def _rolling_hashes(tokens: torch.Tensor) -> torch.Tensor:
+    """``(..., L)``: entry ``k`` hashes ``tokens[..., :k + 1]`` (ids may be negative)."""
+    hashes = torch.empty_like(tokens)
+    current = torch.zeros_like(tokens[..., 0])
+    for column in range(tokens.shape[-1]):
+        current = (current * _HASH_BASE + tokens[..., column] + 1) % _HASH_MODULUS
+        hashes[..., column] = current
+    return hashes
 
 
 _NO_BREAKERS = BreakerTable(0, frozenset(), {})
@@ -347,38 +383,89 @@ _TABLES: weakref.WeakKeyDictionary[Vocabulary, dict[tuple[str, ...], BreakerTabl
 )
 
 
+# A server meets endless breaker lists; each table holds a vocabulary-wide mask.
+_TABLES_PER_VOCABULARY = 256
+
+
 def breaker_table(vocab: Vocabulary, breakers: tuple[str, ...]) -> BreakerTable:
-    """``breakers`` mapped to token ids of ``vocab`` (see :class:`DRY`), cached."""
+    """``breakers`` mapped to token ids of ``vocab`` (see :class:`DRY`), cached (the
+    least recently used of more than 256 lists per vocabulary are dropped)."""
     per_vocab = _TABLES.setdefault(vocab, {})
-    table = per_vocab.get(breakers)
+    table = per_vocab.pop(breakers, None)
     if table is None:
-        table = per_vocab[breakers] = _resolve_breakers(vocab, breakers)
+        table = _resolve_breakers(vocab, breakers)
+        if len(per_vocab) >= _TABLES_PER_VOCABULARY:
+            per_vocab.pop(next(iter(per_vocab)))
+    per_vocab[breakers] = table  # most recently used last
     return table
 
 
+class _PieceIndex:
+    """One vocabulary's token bytes, indexed for breaker lookups: every piece in one
+    string (to find those that contain a needle, by ``bytes.find`` in C) and the reversed
+    pieces sorted (those that end with a given prefix form one run, found by bisection).
+    Built once per vocabulary (~0.1 s at 128k tokens), so resolving one breaker reads only
+    the pieces it matches rather than the whole vocabulary in Python."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.joined = b"".join(pieces)
+        self.starts = list(itertools.accumulate((len(piece) for piece in pieces), initial=0))
+        backwards = [piece[::-1] for piece in pieces]
+        self.reversed_ids = sorted(range(len(pieces)), key=backwards.__getitem__)
+        self.reversed_pieces = [backwards[token_id] for token_id in self.reversed_ids]
+
+    def containing(self, needle: bytes) -> set[int]:
+        """Ids of the pieces that contain ``needle``."""
+        found: set[int] = set()
+        position = self.joined.find(needle)
+        while position != -1:
+            token_id = bisect.bisect_right(self.starts, position) - 1
+            if position + len(needle) <= self.starts[token_id + 1]:
+                found.add(token_id)
+                position = self.joined.find(needle, position + 1)
+            else:  # the match runs into the next piece: go on from that piece
+                position = self.joined.find(needle, self.starts[token_id + 1])
+        return found
+
+    def ending_with(self, suffix: bytes) -> list[int]:
+        """Ids of the pieces that end with ``suffix`` (non-empty)."""
+        key = suffix[::-1]
+        low = bisect.bisect_left(self.reversed_pieces, key)
+        high = low
+        pieces = self.reversed_pieces
+        while high < len(pieces) and pieces[high].startswith(key):
+            high += 1
+        return self.reversed_ids[low:high]
+
+
+_PIECE_INDEXES: weakref.WeakKeyDictionary[Vocabulary, _PieceIndex] = weakref.WeakKeyDictionary()
+
+
 def _resolve_breakers(vocab: Vocabulary, breakers: tuple[str, ...]) -> BreakerTable:
+    index = _PIECE_INDEXES.get(vocab)
+    if index is None:
+        index = _PIECE_INDEXES[vocab] = _PieceIndex(vocab.tokens)
     single: set[int] = set()
     tails: dict[tuple[int, ...], set[int]] = {}
     rests: dict[bytes, tuple[int, ...] | None] = {}
     for breaker in breakers:
         needle = breaker.encode("utf-8")[:MAX_BREAKER_BYTES]
-        first = needle[:1]
-        for token_id, piece in enumerate(vocab.tokens):
-            if needle in piece:
-                single.add(token_id)
+        containing = index.containing(needle)
+        single |= containing
+        # A piece that ends with the first k bytes of the breaker (and does not contain
+        # all of it) starts a multi-token breaker whose rest is the other bytes.
+        for k in range(1, len(needle)):
+            heads = [t for t in index.ending_with(needle[:k]) if t not in containing]
+            if not heads:
                 continue
-            start = piece.find(first)
-            while start != -1:
-                if needle.startswith(piece[start:]):
-                    rest = needle[len(piece) - start :]
-                    if rest not in rests:
-                        rests[rest] = _tokenize_rest(vocab, breaker, rest)
-                    tail = rests[rest]
-                    if tail == ():
-                        single.add(token_id)  # llama.cpp: an empty tail is a one-token breaker
-                    elif tail is not None:
-                        tails.setdefault(tail, set()).add(token_id)
-                start = piece.find(first, start + 1)
+            rest = needle[k:]
+            if rest not in rests:
+                rests[rest] = _tokenize_rest(vocab, breaker, rest)
+            tail = rests[rest]
+            if tail == ():
+                single.update(heads)  # llama.cpp: an empty tail is a one-token breaker
+            elif tail is not None:
+                tails.setdefault(tail, set()).update(heads)
     return BreakerTable(
         vocab.size,
         frozenset(single),
@@ -475,7 +562,7 @@ def _repeat_limits(
     tokens: torch.Tensor,
     windows: torch.Tensor,
     single: torch.Tensor,
-    tails: list[tuple[torch.Tensor, tuple]],
+    forms: _TailForms,
 ) -> torch.Tensor:
     """Per row, how many tokens follow the latest sequence breaker (the whole window when
     there is none): the longest a repeat may be (llama.cpp's ``rep_limit``).
@@ -486,19 +573,36 @@ def _repeat_limits(
     width = tokens.shape[1]
     columns = torch.arange(width, device=tokens.device)
     ends = torch.where(_lookup(single, tokens), columns, -1)
-    for heads, tail in tails:
-        size = len(tail)
-        if size >= width:
-            continue
-        starts = width - size
-        match = _lookup(heads, tokens[:, :starts])
-        for offset, token_id in enumerate(tail, 1):
-            match &= tokens[:, offset : starts + offset] == token_id
-        tail_ends = torch.where(match, columns[:starts] + size, -1)
-        ends[:, :starts] = torch.maximum(ends[:, :starts], tail_ends)
+    if forms.count and width > 1:
+        _mark_tail_ends(tokens, forms, ends)
     latest = torch.where(ends >= 0, columns, -1).amax(dim=1)
     end = ends.gather(1, latest.clamp(min=0)[:, None])[:, 0]
     return torch.where(latest >= 0, width - 1 - end, windows)
+
+
+def _mark_tail_ends(tokens: torch.Tensor, forms: _TailForms, ends: torch.Tensor) -> None:
+    """``ends[b, j] = max(ends[b, j], j + len(tail))`` wherever a multi-token breaker
+    starts at ``j`` (its head token there, its tail right after)."""
+    width = tokens.shape[1]
+    # following[..., j, k]: the hash of tokens[j + 1 : j + 2 + k]; the history is padded
+    # on the right, and no tail can end in the padding (checked below).
+    longest = min(forms.longest, width - 1)
+    padded = torch.nn.functional.pad(tokens[:, 1:], (0, longest), value=-1)
+    following = _rolling_hashes(padded.unfold(1, longest, 1)[:, : width - 1])
+    for length, tails, hashes, ids in forms.groups:
+        if length >= width:
+            break
+        starts = width - length
+        hits = (following[:, :starts, length - 1, None] == hashes).nonzero()
+        if hits.numel() == 0:
+            continue
+        rows, positions, which = hits.unbind(1)
+        offsets = torch.arange(1, length + 1, device=tokens.device)
+        exact = (tokens[rows[:, None], positions[:, None] + offsets] == tails[which]).all(1)
+        keys = tokens[rows, positions] * forms.count + ids[which]
+        found = exact & torch.isin(keys, forms.pair_keys) & (tokens[rows, positions] >= 0)
+        rows, positions = rows[found], positions[found]
+        ends[rows, positions] = torch.maximum(ends[rows, positions], positions + length)
 
 
 def _suffix_match_lengths(tokens: torch.Tensor, longest: int) -> torch.Tensor:

@@ -1,0 +1,208 @@
+"""Hostile specs against the real vLLM server (the one ``test_vllm_server`` drives): no
+request may stall or kill the engine.
+
+For every case one client sends the hostile request while another sends an ordinary
+one. The hostile request must be refused with a 4xx within 2 s naming the limit (or, for
+the at-limit cases, answered with a 200 in bounded time); the ordinary request must
+complete within 3x its baseline latency meanwhile. After the suite the server still
+serves the same tokens, and its log has no ``EngineDeadError`` and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+from anylogits.core.limits import limits  # noqa: E402
+from conformance_tests.hostile import (  # noqa: E402
+    OVERSIZED,
+    REQUEST_LEVEL,
+    alternatives_grammar,
+    nested,
+)
+from conformance_tests.vllm_server import MODEL_NAME, Server  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
+
+PROMPT = "Once upon a time there was a"
+REFUSED_WITHIN_S = 2.0
+SLOWDOWN = 3.0  # the ordinary request's latency while a hostile one runs, at most x baseline
+ACCEPTED_WITHIN_S = 10.0  # an at-limit request's whole answer (8 tokens)
+
+
+def _ordinary(client: Any) -> float:
+    started = time.perf_counter()
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0.0
+    )
+    assert len(response.choices[0].text) > 0 or response.choices[0].finish_reason
+    return time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def baseline(client: Any, server: Server, plain_text: str) -> float:
+    """The ordinary request's median latency on an idle server."""
+    _ordinary(client)  # warm-up
+    return statistics.median(_ordinary(client) for _ in range(7))
+
+
+@pytest.fixture(scope="module")
+def plain_text(client: Any, server: Server) -> str:
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0.0
+    )
+    return response.choices[0].text
+
+
+def _hostile(client: Any, payload: Any) -> tuple[float, Any]:
+    """(seconds, the response or the error) of one request carrying ``payload`` as the
+    ``anylogits`` field of ``vllm_xargs``."""
+    started = time.perf_counter()
+    try:
+        result: Any = client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=0.0,
+            extra_body={"vllm_xargs": {"anylogits": payload}},
+        )
+    except openai.APIStatusError as error:
+        result = error
+    return time.perf_counter() - started, result
+
+
+def _alongside(client: Any, server: Server, send: Callable[[], tuple[float, Any]]) -> tuple:
+    """Run ``send`` while an ordinary request runs; (hostile seconds, hostile result,
+    ordinary seconds)."""
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(hostile=send()))
+    thread.start()
+    time.sleep(0.02)  # the hostile request first, so the ordinary one meets it
+    ordinary = _ordinary(client)
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the hostile request did not come back in 300 s"
+    server.check_alive()
+    seconds, result = outcome["hostile"]
+    return seconds, result, ordinary
+
+
+def _assert_refused(result: Any, seconds: float, limit: str, field: str | None) -> None:
+    assert isinstance(result, openai.BadRequestError), f"expected a 400, got {result!r}"
+    message = result.body.get("message", "") if isinstance(result.body, dict) else ""
+    assert f"anylogits limit {limit!r}" in message or "'spec_bytes'" in message, message
+    if field is not None and "'spec_bytes'" not in message:
+        assert field in message, message
+    assert seconds < REFUSED_WITHIN_S, f"refused after {seconds:.2f} s"
+
+
+def _bodies() -> dict[str, tuple[Any, str, str | None]]:
+    """Every hostile case: (the anylogits payload, the limit that refuses it, the field)."""
+    cases: dict[str, tuple[Any, str, str | None]] = {}
+    for name, (field, limit, build) in OVERSIZED.items():
+        cases[name] = (json.dumps([build()]), limit, field)
+    for name, (text, limit) in REQUEST_LEVEL.items():
+        cases[name] = (text, limit, None)
+    return cases
+
+
+BODIES = _bodies()
+
+
+@pytest.mark.parametrize("case", sorted(BODIES))
+def test_hostile_spec_is_refused_at_once_and_others_are_served(
+    case: str, client: Any, server: Server, baseline: float
+) -> None:
+    payload, limit, field = BODIES[case]
+    seconds, result, ordinary = _alongside(client, server, lambda: _hostile(client, payload))
+    _assert_refused(result, seconds, limit, field)
+    assert ordinary < SLOWDOWN * baseline, (ordinary, baseline)
+
+
+MALFORMED: dict[str, Any] = {
+    "list_of_ints": [1, 2, 3],
+    "number": 7,
+    "spec_not_a_dict": "[[1, 2]]",
+    "type_not_a_string": '[{"type": [1]}]',
+    "deep_inside_a_spec": json.dumps([{"type": "top_k", "top_k": 5}])[:-2]
+    + ', "x": '
+    + nested(3000)
+    + "}]",
+    "huge_integer": '[{"type": "top_k", "top_k": ' + "9" * 400 + "}]",
+    "float_for_an_id": '[{"type": "suppress_tokens", "token_ids": [1.5]}]',
+    "id_beyond_int32": '[{"type": "suppress_tokens", "token_ids": [4294967296]}]',
+    "infinite_bias": '[{"type": "logit_bias", "bias": {"1": 1e999}}]',
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_payload_is_400_never_500(case: str, client: Any, server: Server) -> None:
+    seconds, result = _hostile(client, MALFORMED[case])
+    assert isinstance(result, openai.BadRequestError), f"expected a 400, got {result!r}"
+    assert seconds < REFUSED_WITHIN_S
+    server.check_alive()
+
+
+def _at_limit() -> dict[str, list[dict[str, Any]]]:
+    """Requests exactly at the limits: accepted, and their per-step cost is bounded."""
+    current = limits()
+    # As many entries as allowed, as long as the request's JSON (spec_bytes) allows.
+    text = "x" * (current.spec_bytes // current.items - 20)
+    return {
+        "dry_breakers": [
+            {
+                "type": "dry",
+                "multiplier": 0.8,
+                "sequence_breakers": [
+                    f"{i:02d}" + "\n###" * 10 for i in range(current.sequence_breakers)
+                ],
+            }
+        ],
+        "bad_words": [
+            {"type": "bad_words", "words": [f"{text} {i}" for i in range(current.items)]}
+        ],
+        "stop_strings": [
+            {"type": "stop_strings", "stop_strings": [f"{i} {text}" for i in range(current.items)]}
+        ],
+        "grammar_9k_alternatives": [
+            {"type": "grammar", "syntax": "lark", "grammar": alternatives_grammar(9_000)}
+        ],
+        "processors": [{"type": "top_k", "top_k": 5 + i} for i in range(current.processors)],
+        "no_repeat_ngram": [{"type": "no_repeat_ngram", "ngram_size": current.ngram_size}],
+    }
+
+
+AT_LIMIT = _at_limit()
+
+
+@pytest.mark.parametrize("case", sorted(AT_LIMIT))
+def test_request_at_the_limits_is_served_without_stalling_others(
+    case: str, client: Any, server: Server, baseline: float
+) -> None:
+    payload = json.dumps(AT_LIMIT[case])
+    seconds, result, ordinary = _alongside(client, server, lambda: _hostile(client, payload))
+    assert not isinstance(result, Exception), result
+    assert seconds < ACCEPTED_WITHIN_S, f"answered after {seconds:.2f} s"
+    assert ordinary < SLOWDOWN * baseline, (ordinary, baseline)
+
+
+def test_server_still_serves_and_its_log_is_clean(
+    client: Any, server: Server, plain_text: str
+) -> None:
+    """Run last (file order)."""
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0.0
+    )
+    assert response.choices[0].text == plain_text
+    server.check_alive()
+    log = server.log_path.read_text(errors="replace")
+    for fatal in ("EngineDeadError", "Traceback", "EngineCore encountered a fatal error"):
+        assert fatal not in log, server.log_tail()
