@@ -257,6 +257,14 @@ def alternatives_grammar(count: int) -> str:
     return "start: " + " | ".join(f'"tok{i}"' for i in range(count))
 
 
+def largest_alternatives_grammar() -> str:
+    """The longest :func:`alternatives_grammar` within ``limits().grammar_chars``."""
+    count = limits().grammar_chars // 12
+    while len(alternatives_grammar(count)) > limits().grammar_chars:
+        count -= 1
+    return alternatives_grammar(count)
+
+
 def nested(depth: int) -> str:
     """JSON text of lists nested ``depth`` deep (5,000 was a 500 from vLLM's server)."""
     return "[" * depth + "]" * depth

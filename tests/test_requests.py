@@ -24,7 +24,7 @@ from anylogits import (
     to_specs,
     vllm_xargs,
 )
-from anylogits.core.requests import RequestBatch, request_specs
+from anylogits.core.requests import GROUP_CACHE, RequestBatch, request_specs
 from anylogits.testing.probes import GeneratedHashBias
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))
@@ -227,3 +227,16 @@ def test_a_failed_prefetch_raises_where_the_vocabulary_is_used() -> None:
     requests.prefetch_vocabulary()
     with pytest.raises(OSError, match="no tokenizer"):
         _ = requests.vocab
+
+
+def test_pipelines_of_finished_requests_are_not_kept_forever() -> None:
+    requests = RequestBatch(VOCAB)
+    for index in range(GROUP_CACHE + 50):
+        requests.add(0, args(TopK(index + 1)), prompt_ids=[1], output_ids=[])
+        requests.process(torch.zeros(1, 8))
+    assert len(requests._groups) <= GROUP_CACHE
+    # A running request keeps its pipeline, cached or not.
+    requests.add(1, args(LogitBias({2: -5.0})), prompt_ids=[1], output_ids=[])
+    for index in range(GROUP_CACHE + 1):
+        requests.add(0, args(TopK(index + 1)), prompt_ids=[1], output_ids=[])
+    assert requests.process(torch.zeros(2, 8))[1].tolist() == [0.0, 0.0, -5.0] + [0.0] * 5

@@ -265,3 +265,32 @@ def test_vllm_request_rows_with_draft_tokens_mask_like_their_own_histories() -> 
             outputs[slot].extend([*own[-1][:accepted], choice])
             ended += choice == EOS
     assert all(len(o) >= 12 for o in outputs) and ended
+
+
+def test_a_grammar_is_validated_and_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server validates a request's grammar in its frontend and builds the processor
+    again in the engine: the second time costs neither a validation nor a compile."""
+    import llguidance
+
+    from anylogits.processors import _grammar_engine
+
+    real = llguidance.LLMatcher
+    compiled: list[str] = []
+
+    class CountingMatcher:
+        def __call__(self, tokenizer: object, grammar: str, **kwargs: object) -> object:
+            compiled.append(grammar)
+            return real(tokenizer, grammar, **kwargs)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", CountingMatcher())
+    pattern = f"(ab){{1,{len(compiled) + 977}}}"  # a grammar no other test compiles
+    misses = _grammar_engine._validation_error.cache_info().misses
+    for _ in range(3):
+        processor = from_spec({"type": "regex", "pattern": pattern})
+        processor.bind(VOCAB)
+        processor.init_state(torch.tensor([0]))
+    assert _grammar_engine._validation_error.cache_info().misses == misses + 1
+    assert len(compiled) == 1

@@ -29,6 +29,9 @@ from anylogits.core.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
 
+# Pipelines kept for specs (and stacked mixes of them) that no running request uses.
+GROUP_CACHE = 1024
+
 SPEC_KEY = "anylogits"
 """The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
 
@@ -361,13 +364,28 @@ class RequestBatch:
 
     def _group(self, specs: list[dict[str, Any]]) -> _Group:
         key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
-        group = self._groups.get(key)
+        group = self._cached_group(key)
         if group is None:
             try:
                 pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab)
             except Exception as error:  # e.g. an id beyond the vocabulary: end the request
                 return self._failed_group(f"processors {key} cannot run here: {error}")
-            group = self._groups[key] = _Group(key, pipeline, None)
+            group = self._cache_group(_Group(key, pipeline, None))
+        return group
+
+    def _cached_group(self, key: str) -> _Group | None:
+        group = self._groups.pop(key, None)
+        if group is not None:
+            self._groups[key] = group  # most recently used last
+        return group
+
+    def _cache_group(self, group: _Group) -> _Group:
+        """Remember ``group`` for later requests with the same specs; a server meets
+        endless distinct specs, so the least recently used beyond ``GROUP_CACHE`` are
+        dropped (requests still running keep theirs)."""
+        if len(self._groups) >= GROUP_CACHE:
+            self._groups.pop(next(iter(self._groups)))
+        self._groups[group.key] = group
         return group
 
     def _failed_group(self, error: str) -> _Group:
@@ -440,7 +458,7 @@ class RequestBatch:
             )
         )
         key = "stack:" + "|".join(m[2].group.key for m in members)
-        group = self._groups.get(key)
+        group = self._cached_group(key)
         if group is None:
             pipelines = [m[2].group.pipeline for m in members]
             stacked = []
@@ -449,9 +467,7 @@ class RequestBatch:
                 if processor is None:
                     return None
                 stacked.append(processor)
-            if len(self._groups) > 4096:  # row mixes come and go; keep the cache bounded
-                self._groups = {k: g for k, g in self._groups.items() if not k.startswith("stack:")}
-            group = self._groups[key] = _Group(key, Pipeline(stacked, self.vocab), None)
+            group = self._cache_group(_Group(key, Pipeline(stacked, self.vocab), None))
         merged = _RowGroup(group)
         for row, slot, request, draft in members:
             merged.rows.append(row)
