@@ -253,3 +253,16 @@ def test_choice_is_bounded_by_count_before_it_is_compiled() -> None:
     pytest.importorskip("llguidance")
     with pytest.raises(ValueError, match="choices has 1025 items"):
         Choice([str(i) for i in range(1025)])
+
+
+def test_without_an_eos_a_failed_request_keeps_its_logits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing to end the sequence with: its logits stay as they came (the engine stops
+    it at max_tokens) and the error is logged, rather than garbage or an exception."""
+    vocab = anylogits.Vocabulary(tuple(bytes([65 + i]) for i in range(8)))
+    requests = RequestBatch(vocab)
+    requests.add(0, {"anylogits": to_specs([RaiseAfter(0)])}, prompt_ids=[1], output_ids=[])
+    logits = torch.arange(8, dtype=torch.float32)[None]
+    assert requests.process(logits.clone()).tolist() == logits.tolist()
+    assert "testing.raise_after" in caplog.text and "no EOS token" in caplog.text

@@ -95,6 +95,11 @@ def vllm_xargs(*processors: Any) -> dict[str, str]:
     return {SPEC_KEY: text}
 
 
+def _brief(key: str, size: int = 300) -> str:
+    """A spec key short enough for a log line (a request's specs may be 128 KB)."""
+    return key if len(key) <= size else f"{key[:size]}... ({len(key)} characters)"
+
+
 class _Group:
     """The pipeline shared by every request with the same specs."""
 
@@ -353,14 +358,13 @@ class RequestBatch:
         """
         self._layout = None
         failed = self._failed_group(
-            f"processors {row_group.group.key} failed on slot(s) {row_group.slots}: "
+            f"processors {_brief(row_group.group.key)} failed on slot(s) {row_group.slots}: "
             f"{type(error).__name__}: {error}"
         )
         for request in row_group.requests:
             request.group = failed
-        ended = self._end_sequences(logits.new_empty(len(row_group.rows), logits.shape[1]))
         rows = torch.tensor(row_group.rows, device=logits.device)
-        logits.index_copy_(0, rows, ended)
+        logits.index_copy_(0, rows, self._end_sequences(logits.index_select(0, rows)))
 
     def _group(self, specs: list[dict[str, Any]]) -> _Group:
         key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
@@ -369,7 +373,7 @@ class RequestBatch:
             try:
                 pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab)
             except Exception as error:  # e.g. an id beyond the vocabulary: end the request
-                return self._failed_group(f"processors {key} cannot run here: {error}")
+                return self._failed_group(f"processors {_brief(key)} cannot run here: {error}")
             group = self._cache_group(_Group(key, pipeline, None))
         return group
 
