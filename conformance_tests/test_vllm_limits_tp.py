@@ -59,7 +59,7 @@ def test_lowered_limits_reach_the_tensor_parallel_engine(
     }
     prompt = tokenizer.encode("Once upon a time")
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tiny_model_dir), json.dumps(prompt)],
+        [sys.executable, "-c", SCRIPT, str(tiny_model_dir), json.dumps(prompt), PHRASE],
         env=env,
         capture_output=True,
         text=True,
