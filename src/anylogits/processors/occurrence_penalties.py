@@ -200,8 +200,9 @@ class DRY(LogitsProcessor):
     The search is vectorized over the batch and the history: every position's repeat
     length comes from block ranks built by doubling: about ``log2(longest repeat)``
     rounds, each one ``torch.unique`` of the searched history (none while no repeat of
-    two tokens or more exists). Python loops run only over the breakers' token
-    sequences, never over rows, history or vocabulary.
+    two tokens or more exists). Multi-token breakers are found with one rolling hash
+    per tail length (at most 20), however many breakers there are. Python loops never
+    run over rows, history, breakers or vocabulary.
 
     Arithmetic as llama.cpp's: ``multiplier`` and ``base`` are rounded to float32 (kept
     float64 for float64 logits), ``multiplier * base ** exponent`` is computed in double
