@@ -163,16 +163,18 @@ def override(**changes: int) -> Iterator[Limits]:
         _install(previous)
 
 
-def exceeded(field: str, size: int, limit: str, unit: str = "items") -> ValueError:
-    """The error for ``field`` holding ``size`` units where ``limit`` allows fewer."""
+def exceeded(field: str, size: int, limit: str, unit: str | None = "items") -> ValueError:
+    """The error for ``field`` holding ``size`` units (or, with ``unit=None``, being the
+    number ``size``) where ``limit`` allows less."""
     bound = getattr(limits(), limit)
+    what = f"is {size}" if unit is None else f"has {size} {unit}"
     return ValueError(
-        f"{field} has {size} {unit}, more than the limit of {bound} (anylogits limit "
+        f"{field} {what}, more than the limit of {bound} (anylogits limit "
         f"{limit!r}; raise it with {ENVIRONMENT_VARIABLE}='{{\"{limit}\": N}}')"
     )
 
 
-def check_size(field: str, size: int, limit: str, unit: str = "items") -> None:
+def check_size(field: str, size: int, limit: str, unit: str | None = "items") -> None:
     """Raise ``ValueError`` naming ``field``, its size and the limit when over it."""
     if size > getattr(limits(), limit):
         raise exceeded(field, size, limit, unit)

@@ -45,7 +45,7 @@ def int_at_least(
         bound = "< 2**63" if maximum == MAX_INT64 else f"<= {maximum}"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
     if limit is not None:
-        check_size(name, value, limit, "as its value")
+        check_size(name, value, limit, unit=None)
     return value
 
 
