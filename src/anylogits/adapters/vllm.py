@@ -21,6 +21,7 @@ The processing itself lives in :class:`anylogits.core.requests.RequestBatch`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,18 @@ def engine_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     return hf_vocabulary(tokenizer, eos_token_ids=sorted(eos))
 
 
+def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
+    """The engine's vocabulary, with what the first structured request would otherwise
+    build inside an engine step (llguidance's tokenizer: ~1-2 s at 128k tokens) built
+    too; runs in the background thread of :meth:`RequestBatch.prefetch_vocabulary`."""
+    vocab = engine_vocabulary(vllm_config)
+    if vocab is not None and importlib.util.find_spec("llguidance") is not None:
+        from anylogits.processors._grammar_engine import ENGINE
+
+        ENGINE.tokenizer(vocab)
+    return vocab
+
+
 def _validate(sampling_params: SamplingParams) -> None:
     """vLLM turns a ``ValueError`` here into HTTP 400 and anything else into a 500, so
     whatever a client sent fails as a ``ValueError``."""
@@ -93,7 +106,7 @@ class AnyLogitsV1(V1LogitsProcessor):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         limits()  # a bad ANYLOGITS_LIMITS stops the engine at start, not every request
-        self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
+        self.requests = RequestBatch(lambda: _prepared_vocabulary(vllm_config))
         self.requests.prefetch_vocabulary()
 
     def is_argmax_invariant(self) -> bool:
@@ -161,7 +174,7 @@ if V2LogitsProcessor is not None:
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
             limits()  # a bad ANYLOGITS_LIMITS stops the engine at start
             self.req_states = req_states
-            self.requests = RequestBatch(lambda: engine_vocabulary(vllm_config))
+            self.requests = RequestBatch(lambda: _prepared_vocabulary(vllm_config))
             self.requests.prefetch_vocabulary()
 
         def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
