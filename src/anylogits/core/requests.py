@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.cache import LeastRecentlyUsed
 from anylogits.core.limits import check_size
 from anylogits.core.pipeline import Pipeline, flatten
 from anylogits.core.specs import check_json_value, from_spec, load_json, to_specs
@@ -218,7 +219,9 @@ class RequestBatch:
         if self._vocab_ready:
             self._vocab = vocab  # type: ignore[assignment]
         self._prefetch: concurrent.futures.Future[Vocabulary | None] | None = None
-        self._groups: dict[str, _Group] = {}
+        # A server meets endless distinct specs: pipelines no running request uses are
+        # dropped, least recently used first (requests still running keep theirs).
+        self._groups: LeastRecentlyUsed[str, _Group] = LeastRecentlyUsed(GROUP_CACHE)
         self._slots: dict[int, _Request] = {}
         self._layout: tuple[int, list[_RowGroup]] | None = None
 
@@ -368,28 +371,13 @@ class RequestBatch:
 
     def _group(self, specs: list[dict[str, Any]]) -> _Group:
         key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
-        group = self._cached_group(key)
+        group = self._groups.get(key)
         if group is None:
             try:
                 pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab)
             except Exception as error:  # e.g. an id beyond the vocabulary: end the request
                 return self._failed_group(f"processors {_brief(key)} cannot run here: {error}")
-            group = self._cache_group(_Group(key, pipeline, None))
-        return group
-
-    def _cached_group(self, key: str) -> _Group | None:
-        group = self._groups.pop(key, None)
-        if group is not None:
-            self._groups[key] = group  # most recently used last
-        return group
-
-    def _cache_group(self, group: _Group) -> _Group:
-        """Remember ``group`` for later requests with the same specs; a server meets
-        endless distinct specs, so the least recently used beyond ``GROUP_CACHE`` are
-        dropped (requests still running keep theirs)."""
-        if len(self._groups) >= GROUP_CACHE:
-            self._groups.pop(next(iter(self._groups)))
-        self._groups[group.key] = group
+            group = self._groups.put(key, _Group(key, pipeline, None))
         return group
 
     def _failed_group(self, error: str) -> _Group:
@@ -462,7 +450,7 @@ class RequestBatch:
             )
         )
         key = "stack:" + "|".join(m[2].group.key for m in members)
-        group = self._cached_group(key)
+        group = self._groups.get(key)
         if group is None:
             pipelines = [m[2].group.pipeline for m in members]
             stacked = []
@@ -471,7 +459,7 @@ class RequestBatch:
                 if processor is None:
                     return None
                 stacked.append(processor)
-            group = self._cache_group(_Group(key, Pipeline(stacked, self.vocab), None))
+            group = self._groups.put(key, _Group(key, Pipeline(stacked, self.vocab), None))
         merged = _RowGroup(group)
         for row, slot, request, draft in members:
             merged.rows.append(row)

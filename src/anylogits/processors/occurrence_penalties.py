@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.cache import LeastRecentlyUsed
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
@@ -379,7 +380,7 @@ def _rolling_hashes(tokens: torch.Tensor) -> torch.Tensor:
 _NO_BREAKERS = BreakerTable(0, frozenset(), {})
 # Resolving breakers reads the whole vocabulary (~0.1 s for 128k tokens), and an engine
 # builds one processor per request: resolve once per vocabulary.
-_TABLES: weakref.WeakKeyDictionary[Vocabulary, dict[tuple[str, ...], BreakerTable]] = (
+_TABLES: weakref.WeakKeyDictionary[Vocabulary, LeastRecentlyUsed[tuple[str, ...], BreakerTable]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -391,13 +392,12 @@ _TABLES_PER_VOCABULARY = 256
 def breaker_table(vocab: Vocabulary, breakers: tuple[str, ...]) -> BreakerTable:
     """``breakers`` mapped to token ids of ``vocab`` (see :class:`DRY`), cached (the
     least recently used of more than 256 lists per vocabulary are dropped)."""
-    per_vocab = _TABLES.setdefault(vocab, {})
-    table = per_vocab.pop(breakers, None)
+    per_vocab = _TABLES.get(vocab)
+    if per_vocab is None:
+        per_vocab = _TABLES[vocab] = LeastRecentlyUsed(_TABLES_PER_VOCABULARY)
+    table = per_vocab.get(breakers)
     if table is None:
-        table = _resolve_breakers(vocab, breakers)
-        if len(per_vocab) >= _TABLES_PER_VOCABULARY:
-            per_vocab.pop(next(iter(per_vocab)))
-    per_vocab[breakers] = table  # most recently used last
+        table = per_vocab.put(breakers, _resolve_breakers(vocab, breakers))
     return table
 
 
