@@ -1,7 +1,7 @@
 """vLLM hook level: both runner classes driven by vLLM's own bookkeeping objects.
 
 V1: random sequences of requests added (fresh or resumed), removed, moved and swapped,
-told to :class:`AnyLogitsV1` through vLLM's ``BatchUpdate`` with live output lists, as
+told to :class:`AnyLogitsV1Runner` through vLLM's ``BatchUpdate`` with live output lists, as
 the persistent batch does. V2: requests admitted into recycled slots with
 ``add_request``, steps laid out by vLLM's ``LogitsContext`` with rows in any order and
 speculative-decoding rows (one per draft position) whose drafts are partly rejected.
@@ -35,9 +35,9 @@ from anylogits import Pipeline, to_specs, vllm_xargs  # noqa: E402
 from anylogits.adapters.vllm import (  # noqa: E402
     SPECULATIVE_DECODING_V1,
     AnyLogits,
-    AnyLogitsV1,
-    AnyLogitsV1ArgmaxInvariant,
-    AnyLogitsV2,
+    AnyLogitsV1Runner,
+    AnyLogitsV1RunnerArgmaxInvariant,
+    AnyLogitsV2Runner,
     for_vllm,
     vllm_processor_class,
 )
@@ -89,7 +89,7 @@ class V1Engine:
 
     def __init__(self, data: Any) -> None:
         self.data = data
-        self.processor = AnyLogitsV1(VllmConfig(), torch.device("cpu"), False)
+        self.processor = AnyLogitsV1Runner(VllmConfig(), torch.device("cpu"), False)
         self.rows: list[dict[str, Any]] = []  # row -> request
         self.finished: list[dict[str, Any]] = []
 
@@ -198,7 +198,7 @@ class V2Engine:
             prefill_len=SimpleNamespace(np=zeros(self.max_slots).numpy()),
             total_len=SimpleNamespace(gpu=zeros(self.max_slots)),
         )
-        self.processor = AnyLogitsV2(VllmConfig(), self.states)
+        self.processor = AnyLogitsV2Runner(VllmConfig(), self.states)
         self.active: dict[int, dict[str, Any]] = {}
 
     def committed(self, slot: int) -> list[int]:
@@ -291,16 +291,16 @@ def test_v2_rows_follow_slots_and_draft_positions(data: Any) -> None:
 
 def test_validate_params_names_the_bad_field() -> None:
     bad = SamplingParams(extra_args={"anylogits": [{"type": "top_k", "top_k": 0}]})
-    for cls in (AnyLogitsV1, AnyLogitsV2, AnyLogits):
+    for cls in (AnyLogitsV1Runner, AnyLogitsV2Runner, AnyLogits):
         with pytest.raises(ValueError, match=r"extra_args\['anylogits'\]\[0\].*top_k"):
             cls.validate_params(bad)
     with pytest.raises(ValueError, match="unknown field"):
-        AnyLogitsV1.validate_params(
+        AnyLogitsV1Runner.validate_params(
             SamplingParams(extra_args={"anylogits": [{"type": "top_k", "k": 3}]})
         )
     with pytest.raises(ValueError, match="not valid JSON"):
-        AnyLogitsV1.validate_params(SamplingParams(extra_args={"anylogits": "[{"}))
-    AnyLogitsV1.validate_params(SamplingParams())  # no specs: nothing to check
+        AnyLogitsV1Runner.validate_params(SamplingParams(extra_args={"anylogits": "[{"}))
+    AnyLogitsV1Runner.validate_params(SamplingParams())  # no specs: nothing to check
 
 
 def test_for_vllm_and_vllm_xargs_carry_the_same_specs() -> None:
@@ -310,18 +310,18 @@ def test_for_vllm_and_vllm_xargs_carry_the_same_specs() -> None:
     assert sampling.extra_args["anylogits"] == to_specs(processors)
     xargs = vllm_xargs(*processors)
     assert isinstance(xargs["anylogits"], str)  # the server only carries flat values
-    AnyLogitsV1.validate_params(SamplingParams(extra_args=xargs))
+    AnyLogitsV1Runner.validate_params(SamplingParams(extra_args=xargs))
     with pytest.raises(ValueError, match="already has"):
         for_vllm(*processors, extra_args={"anylogits": []})
 
 
 def test_argmax_invariance_is_reported_per_processor_set() -> None:
-    assert not AnyLogitsV1(VllmConfig(), torch.device("cpu"), False).is_argmax_invariant()
-    invariant = AnyLogitsV1ArgmaxInvariant(VllmConfig(), torch.device("cpu"), False)
+    assert not AnyLogitsV1Runner(VllmConfig(), torch.device("cpu"), False).is_argmax_invariant()
+    invariant = AnyLogitsV1RunnerArgmaxInvariant(VllmConfig(), torch.device("cpu"), False)
     assert invariant.is_argmax_invariant()
-    AnyLogitsV1ArgmaxInvariant.validate_params(for_vllm(build("top_k"), build("temperature")))
+    AnyLogitsV1RunnerArgmaxInvariant.validate_params(for_vllm(build("top_k"), build("temperature")))
     with pytest.raises(ValueError, match=r"\[1\] is RepetitionPenalty"):
-        AnyLogitsV1ArgmaxInvariant.validate_params(
+        AnyLogitsV1RunnerArgmaxInvariant.validate_params(
             for_vllm(build("top_k"), build("repetition_penalty"))
         )
     # The processors it accepts really leave every row's argmax in place.
@@ -334,15 +334,15 @@ def test_argmax_invariance_is_reported_per_processor_set() -> None:
 
 def test_processor_class_matches_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    assert vllm_processor_class() is AnyLogitsV2
-    assert vllm_processor_class(speculative=True) is AnyLogitsV2
+    assert vllm_processor_class() is AnyLogitsV2Runner
+    assert vllm_processor_class(speculative=True) is AnyLogitsV2Runner
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    assert vllm_processor_class() is AnyLogitsV1
-    assert vllm_processor_class(argmax_invariant=True) is AnyLogitsV1ArgmaxInvariant
+    assert vllm_processor_class() is AnyLogitsV1Runner
+    assert vllm_processor_class(argmax_invariant=True) is AnyLogitsV1RunnerArgmaxInvariant
     with pytest.raises(ValueError, match="speculative decoding") as error:
         vllm_processor_class(speculative=True)
     assert str(error.value) == SPECULATIVE_DECODING_V1
-    assert vllm_processor_class(VllmConfig()) is AnyLogitsV1  # no Triton on this machine
+    assert vllm_processor_class(VllmConfig()) is AnyLogitsV1Runner  # no Triton on this machine
 
 
 def test_one_class_serves_both_runners() -> None:
@@ -367,3 +367,10 @@ def test_one_class_serves_both_runners() -> None:
         seq_lens_upper_bound_np=torch.tensor([1]).numpy(),
     )
     assert engine.processor.apply(logits.clone(), ctx)[0, 2] == 3.0
+
+
+def test_the_first_class_names_stay_aliases() -> None:
+    from anylogits.adapters import vllm
+
+    assert vllm.AnyLogitsV1 is AnyLogitsV1Runner and vllm.AnyLogitsV2 is AnyLogitsV2Runner
+    assert vllm.AnyLogitsV1ArgmaxInvariant is AnyLogitsV1RunnerArgmaxInvariant

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import anylogits
 from anylogits import Choice, Grammar, LogitBias, SuppressTokens, TopK, from_spec, to_specs
+from anylogits.adapters.vllm_requests import VllmRequests, request_specs
 from anylogits.core import limits as limits_module
 from anylogits.core.limits import (
     ENVIRONMENT_VARIABLE,
@@ -34,7 +35,6 @@ from anylogits.core.limits import (
     override,
     set_limits,
 )
-from anylogits.core.requests import RequestBatch, request_specs
 from anylogits.testing.probes import RaiseAfter
 
 README = Path(__file__).parents[1] / "README.md"
@@ -224,7 +224,7 @@ def test_a_processor_failing_inside_the_engine_ends_its_request_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     vocab = anylogits.Vocabulary(tuple(bytes([65 + i]) for i in range(8)), frozenset({7}))
-    requests = RequestBatch(vocab)
+    requests = VllmRequests(vocab)
     outputs: list[list[int]] = [[], [], []]
     requests.add(0, {"anylogits": to_specs([TopK(2)])}, prompt_ids=[1], output_ids=outputs[0])
     requests.add(1, {"anylogits": to_specs([RaiseAfter(1)])}, prompt_ids=[1], output_ids=outputs[1])
@@ -261,7 +261,7 @@ def test_without_an_eos_a_failed_request_keeps_its_logits(
     """Nothing to end the sequence with: its logits stay as they came (the engine stops
     it at max_tokens) and the error is logged, rather than garbage or an exception."""
     vocab = anylogits.Vocabulary(tuple(bytes([65 + i]) for i in range(8)))
-    requests = RequestBatch(vocab)
+    requests = VllmRequests(vocab)
     requests.add(0, {"anylogits": to_specs([RaiseAfter(0)])}, prompt_ids=[1], output_ids=[])
     logits = torch.arange(8, dtype=torch.float32)[None]
     assert requests.process(logits.clone()).tolist() == logits.tolist()

@@ -17,8 +17,8 @@ import torch
 
 import anylogits.processors.phrases as phrases_module
 from anylogits import Pipeline, Vocabulary, from_spec, to_specs
+from anylogits.adapters.vllm_requests import VllmRequests
 from anylogits.core.processor import LogitsProcessor
-from anylogits.core.requests import RequestBatch
 from anylogits.processors.phrases import (
     CiteFromPrompt,
     ForceLastPhrase,
@@ -529,7 +529,7 @@ def test_engine_drafts_accepted_later_continue_a_phrase_started_at_a_draft() -> 
     # vLLM's request table: the phrase starts at a draft position (the model wants EOS
     # after draft token 17); the engine accepts the draft and the forced token. When it
     # commits them, the states are rebuilt from tokens: the decision must be found.
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     output: list[int] = []
     requests.add(
         0,

@@ -1,4 +1,4 @@
-"""RequestBatch: per-request pipelines by slot, the core of the vLLM adapter (torch only)."""
+"""VllmRequests: per-request pipelines by slot, the core of the vLLM adapter (torch only)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from anylogits import (
     to_specs,
     vllm_xargs,
 )
-from anylogits.core.requests import GROUP_CACHE, RequestBatch, request_specs
+from anylogits.adapters.vllm_requests import VllmRequests, request_specs
+from anylogits.core.slots import GROUP_CACHE
 from anylogits.testing.probes import GeneratedHashBias
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))
@@ -59,7 +60,7 @@ def test_request_specs_names_the_bad_field(value: object, message: str) -> None:
 
 
 def test_rows_without_processors_are_untouched_and_same_specs_share_a_group() -> None:
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     bias = args(LogitBias({2: 5.0}))
     requests.add(0, bias, prompt_ids=[1], output_ids=[])
     requests.add(2, bias, prompt_ids=[3], output_ids=[])
@@ -72,7 +73,7 @@ def test_rows_without_processors_are_untouched_and_same_specs_share_a_group() ->
 
 
 def test_each_row_equals_its_own_pipeline_through_moves_and_growth() -> None:
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     outputs = [[], [], []]
     prompts = [[1, 2], [3], [4, 4, 4]]
     specs = [[RepetitionPenalty(2.0)], [GeneratedHashBias(3.0)], [TopK(2), LogitBias({0: 1.0})]]
@@ -105,7 +106,7 @@ def test_each_row_equals_its_own_pipeline_through_moves_and_growth() -> None:
 
 
 def test_engine_outputs_that_shrink_or_are_placeholders() -> None:
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     output = [5, 6]
     requests.add(0, args(GeneratedHashBias(1.0)), prompt_ids=[1], output_ids=output)
     oracle = Pipeline([GeneratedHashBias(1.0)])
@@ -119,7 +120,7 @@ def test_engine_outputs_that_shrink_or_are_placeholders() -> None:
 
 
 def test_specs_that_fail_here_end_the_sequence_and_log(caplog: pytest.LogCaptureFixture) -> None:
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     with caplog.at_level(logging.ERROR, logger="anylogits"):
         assert requests.add(0, args(LogitBias({100: 1.0})), prompt_ids=[1], output_ids=[])
         assert requests.add(1, {"anylogits": 3}, prompt_ids=[1], output_ids=[])
@@ -137,7 +138,7 @@ def test_vocabulary_is_built_once_and_only_for_requests_with_processors() -> Non
         calls.append(1)
         return VOCAB
 
-    requests = RequestBatch(vocab)
+    requests = VllmRequests(vocab)
     requests.add(0, None, prompt_ids=[1], output_ids=[])
     requests.process(torch.zeros(1, 8))
     assert calls == []
@@ -152,7 +153,7 @@ def test_logits_narrower_than_the_vocabulary_are_rejected(
 ) -> None:
     """Inside an engine the mismatch ends the request with the error logged: apply()
     never raises (it would take the whole engine down)."""
-    requests = RequestBatch(Vocabulary(VOCAB.tokens, eos_token_ids=frozenset({3})))
+    requests = VllmRequests(Vocabulary(VOCAB.tokens, eos_token_ids=frozenset({3})))
     requests.add(0, args(TopK(2)), prompt_ids=[1], output_ids=[])
     logits = requests.process(torch.zeros(1, 4))
     assert "vocabulary" in caplog.text and "failed on slot(s) [0]" in caplog.text
@@ -188,7 +189,7 @@ def test_rows_of_one_kind_with_different_parameters_are_stacked_exactly(
     data: st.DataObject, kind: str, dtype: torch.dtype
 ) -> None:
     batch = data.draw(st.integers(2, 6))
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     rows = [KINDS[kind](data.draw) for _ in range(batch)]
     histories = [data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=6)) for _ in rows]
     for slot, processors in enumerate(rows):
@@ -212,7 +213,7 @@ def test_prefetched_vocabulary_is_built_once_in_the_background() -> None:
         built.append(threading.current_thread().name)
         return VOCAB
 
-    requests = RequestBatch(source)
+    requests = VllmRequests(source)
     requests.prefetch_vocabulary()
     requests.prefetch_vocabulary()
     assert requests.vocab is VOCAB and requests.vocab is VOCAB
@@ -223,14 +224,14 @@ def test_a_failed_prefetch_raises_where_the_vocabulary_is_used() -> None:
     def source() -> Vocabulary:
         raise OSError("no tokenizer")
 
-    requests = RequestBatch(source)
+    requests = VllmRequests(source)
     requests.prefetch_vocabulary()
     with pytest.raises(OSError, match="no tokenizer"):
         _ = requests.vocab
 
 
 def test_pipelines_of_finished_requests_are_not_kept_forever() -> None:
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     for index in range(GROUP_CACHE + 50):
         requests.add(0, args(TopK(index + 1)), prompt_ids=[1], output_ids=[])
         requests.process(torch.zeros(1, 8))

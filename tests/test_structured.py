@@ -229,10 +229,10 @@ def test_vllm_request_rows_with_draft_tokens_mask_like_their_own_histories() -> 
     # vLLM's request table (no prefix tracker): per step, one row per draft position of
     # each request; drafts are partly rejected, the replacement token is committed.
     from anylogits import to_specs
-    from anylogits.core.requests import RequestBatch
+    from anylogits.adapters.vllm_requests import VllmRequests
 
     pattern = r"\{\"[abc]{1,6}\": [0-9]{1,4}\}"
-    requests = RequestBatch(VOCAB)
+    requests = VllmRequests(VOCAB)
     prompts, outputs = [[0], [1, 2]], [[], []]
     for slot in range(2):
         requests.add(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from anylogits.adapters.vllm_requests import vllm_xargs
 from anylogits.core import (
     Batch,
     LogitsProcessor,
@@ -18,7 +19,6 @@ from anylogits.core import (
     from_spec,
     to_specs,
 )
-from anylogits.core.requests import vllm_xargs
 from anylogits.processors import (
     DRY,
     XTC,

@@ -8,15 +8,20 @@ engine that runs the V2 model runner. Each request names its processors as specs
 ``SamplingParams.extra_args["anylogits"]`` (:func:`for_vllm`) or, over the
 OpenAI-compatible server, ``extra_body={"vllm_xargs": anylogits.vllm_xargs(...)}``.
 
-- :class:`AnyLogitsV1`: the V1 model runner (CPU, and CUDA with
+"V1" and "V2" below name vLLM's two *model runners* (both in its V1 engine):
+
+- :class:`AnyLogitsV1Runner`: the V1 model runner (CPU, and CUDA with
   ``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM refuses custom processors there when
   speculative decoding is on.
-- :class:`AnyLogitsV2`: the V2 model runner (the CUDA default). Rows are not requests
-  (speculative decoding gives a request one row per draft position), so rows are mapped
-  to requests through ``LogitsContext.expanded_idx_mapping``.
-- :class:`AnyLogits`: both at once, for when the runner is vLLM's choice.
+- :class:`AnyLogitsV2Runner`: the V2 model runner (the CUDA default). Rows are not
+  requests (speculative decoding gives a request one row per draft position), so rows are
+  mapped to requests through ``LogitsContext.expanded_idx_mapping``.
+- :class:`AnyLogits`: both at once, for when the runner is vLLM's choice;
+  :func:`vllm_processor_class` picks the one class for a given engine config.
 
-The processing itself lives in :class:`anylogits.core.requests.RequestBatch`.
+The wire format (``extra_args``, ``vllm_xargs``, live output lists) is in
+:mod:`anylogits.adapters.vllm_requests`, the processing in the neutral
+:class:`anylogits.core.slots.SlotBatch`.
 """
 
 from __future__ import annotations
@@ -30,8 +35,14 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
+from anylogits.adapters.vllm_requests import (
+    SPEC_FIELD,
+    SPEC_KEY,
+    VllmRequests,
+    processor_specs,
+    request_specs,
+)
 from anylogits.core.limits import limits
-from anylogits.core.requests import SPEC_KEY, RequestBatch, processor_specs, request_specs
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
@@ -72,7 +83,7 @@ def engine_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
 def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     """The engine's vocabulary, with what the first structured request would otherwise
     build inside an engine step (llguidance's tokenizer: ~1-2 s at 128k tokens) built
-    too; runs in the background thread of :meth:`RequestBatch.prefetch_vocabulary`."""
+    too; runs in the background thread of :meth:`SlotBatch.prefetch_vocabulary`."""
     vocab = engine_vocabulary(vllm_config)
     if vocab is not None and importlib.util.find_spec("llguidance") is not None:
         from anylogits.processors._grammar_engine import ENGINE
@@ -89,14 +100,14 @@ def _validate(sampling_params: SamplingParams) -> None:
     except ValueError:
         raise
     except Exception as error:
-        raise ValueError(f"extra_args[{SPEC_KEY!r}] is not usable: {error!r}") from None
+        raise ValueError(f"{SPEC_FIELD} is not usable: {error!r}") from None
 
 
-class AnyLogitsV1(V1LogitsProcessor):
+class AnyLogitsV1Runner(V1LogitsProcessor):
     """Every request's anylogits processors, for vLLM's V1 model runner.
 
-    Register the class (``LLM(model, logits_processors=[AnyLogitsV1])``); vLLM builds one
-    instance per engine and tells it about requests through ``BatchUpdate``. Requests
+    Register the class (``LLM(model, logits_processors=[AnyLogitsV1Runner])``); vLLM
+    builds one instance per engine and tells it about requests through ``BatchUpdate``. Requests
     carry their specs in ``extra_args["anylogits"]`` (see :func:`for_vllm`).
     """
 
@@ -106,7 +117,7 @@ class AnyLogitsV1(V1LogitsProcessor):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         limits()  # a bad ANYLOGITS_LIMITS stops the engine at start, not every request
-        self.requests = RequestBatch(lambda: _prepared_vocabulary(vllm_config))
+        self.requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
         self.requests.prefetch_vocabulary()
 
     def is_argmax_invariant(self) -> bool:
@@ -133,8 +144,8 @@ class AnyLogitsV1(V1LogitsProcessor):
         return self.requests.process(logits)
 
 
-class AnyLogitsV1ArgmaxInvariant(AnyLogitsV1):
-    """:class:`AnyLogitsV1` restricted to processors that never change the argmax.
+class AnyLogitsV1RunnerArgmaxInvariant(AnyLogitsV1Runner):
+    """:class:`AnyLogitsV1Runner` restricted to processors that never change the argmax.
 
     vLLM skips such processors when every request of a step is greedy and runs them after
     its own temperature, like its built-in min-p. Requests that name any other processor
@@ -147,9 +158,9 @@ class AnyLogitsV1ArgmaxInvariant(AnyLogitsV1):
         for index, processor in enumerate(from_spec(spec) for spec in specs):
             if not processor.argmax_invariant:
                 raise ValueError(
-                    f"extra_args[{SPEC_KEY!r}][{index}] is {type(processor).__name__}, which "
-                    f"can change the argmax; {cls.__name__} only runs processors that cannot "
-                    "(register AnyLogitsV1 for the others)"
+                    f"{SPEC_FIELD}[{index}] is {type(processor).__name__}, which can change "
+                    f"the argmax; {cls.__name__} only runs processors that cannot "
+                    "(register AnyLogitsV1Runner for the others)"
                 )
 
     def is_argmax_invariant(self) -> bool:
@@ -158,7 +169,7 @@ class AnyLogitsV1ArgmaxInvariant(AnyLogitsV1):
 
 if V2LogitsProcessor is not None:
 
-    class AnyLogitsV2(V2LogitsProcessor):
+    class AnyLogitsV2Runner(V2LogitsProcessor):
         """Every request's anylogits processors, for vLLM's V2 model runner.
 
         Requests live in slots; a slot's committed tokens are read from the runner's
@@ -174,7 +185,7 @@ if V2LogitsProcessor is not None:
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
             limits()  # a bad ANYLOGITS_LIMITS stops the engine at start
             self.req_states = req_states
-            self.requests = RequestBatch(lambda: _prepared_vocabulary(vllm_config))
+            self.requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
             self.requests.prefetch_vocabulary()
 
         def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
@@ -215,27 +226,38 @@ if V2LogitsProcessor is not None:
                 for row, start, end in zip(rows, starts, ends, strict=True)
             ]
 
-    class AnyLogits(AnyLogitsV1, AnyLogitsV2):
+    class AnyLogits(AnyLogitsV1Runner, AnyLogitsV2Runner):
         """Works under either model runner: register this one when vLLM picks the runner.
 
         vLLM constructs it with the V1 runner's ``(vllm_config, device, is_pin_memory)``
-        or the V2 runner's ``(vllm_config, req_states)`` and calls the matching methods.
+        or the V2 runner's ``(vllm_config, req_states)`` and calls the matching methods;
+        the V2 runner is recognized by its request-state table.
         """
 
-        def __init__(self, vllm_config: VllmConfig, *runner_args: Any) -> None:
-            if len(runner_args) == 2:
-                AnyLogitsV1.__init__(self, vllm_config, *runner_args)
+        def __init__(
+            self,
+            vllm_config: VllmConfig,
+            device_or_req_states: torch.device | LogitsProcRequestState,
+            is_pin_memory: bool = False,
+        ) -> None:
+            if isinstance(device_or_req_states, LogitsProcRequestState):
+                AnyLogitsV2Runner.__init__(self, vllm_config, device_or_req_states)
             else:
-                AnyLogitsV2.__init__(self, vllm_config, *runner_args)
+                AnyLogitsV1Runner.__init__(self, vllm_config, device_or_req_states, is_pin_memory)
 
         def apply(self, logits: torch.Tensor, ctx: LogitsContext | None = None) -> torch.Tensor:
             if ctx is None:
-                return AnyLogitsV1.apply(self, logits)
-            return AnyLogitsV2.apply(self, logits, ctx)
+                return AnyLogitsV1Runner.apply(self, logits)
+            return AnyLogitsV2Runner.apply(self, logits, ctx)
 
 else:  # pragma: no cover - older vLLM
-    AnyLogitsV2 = None  # type: ignore[assignment,misc]
-    AnyLogits = AnyLogitsV1  # type: ignore[assignment,misc]
+    AnyLogitsV2Runner = None  # type: ignore[assignment,misc]
+    AnyLogits = AnyLogitsV1Runner  # type: ignore[assignment,misc]
+
+# The names these classes had first ("V1"/"V2" read as engine versions; they are runners).
+AnyLogitsV1 = AnyLogitsV1Runner
+AnyLogitsV1ArgmaxInvariant = AnyLogitsV1RunnerArgmaxInvariant
+AnyLogitsV2 = AnyLogitsV2Runner
 
 
 def uses_v2_model_runner(vllm_config: VllmConfig | None = None) -> bool:
@@ -276,12 +298,12 @@ def vllm_processor_class(
     if speculative is None:
         speculative = vllm_config is not None and vllm_config.speculative_config is not None
     if uses_v2_model_runner(vllm_config):
-        if AnyLogitsV2 is None:  # pragma: no cover - older vLLM
+        if AnyLogitsV2Runner is None:  # pragma: no cover - older vLLM
             raise ValueError("this vLLM has no V2 model runner logits-processor interface")
-        return AnyLogitsV2
+        return AnyLogitsV2Runner
     if speculative:
         raise ValueError(SPECULATIVE_DECODING_V1)
-    return AnyLogitsV1ArgmaxInvariant if argmax_invariant else AnyLogitsV1
+    return AnyLogitsV1RunnerArgmaxInvariant if argmax_invariant else AnyLogitsV1Runner
 
 
 def for_vllm(*processors: Any, **sampling_kwargs: Any) -> SamplingParams:

@@ -1,9 +1,9 @@
 """Cost limits: how much work one processor configuration may ask for.
 
-On a vLLM server every spec field comes from a client, and one request must not be able
+On a shared inference server every spec field comes from a client, and one request must not be able
 to stall or kill an engine that serves everyone. So every processor checks, when it is
-built (and therefore wherever a spec is parsed: in vLLM's frontend ``validate_params``,
-which turns the ``ValueError`` into an HTTP 400), that what it was given stays within
+built (and therefore wherever a spec is parsed: in the server frontend's request
+validation, which turns the ``ValueError`` into an HTTP 400), that what it was given stays within
 these limits. The same checks run on every backend, so a configuration that works in a
 notebook works on the server.
 
@@ -131,7 +131,7 @@ def limits() -> Limits:
 def set_limits(**changes: int) -> Limits:
     """Change limits for this process and the processes it starts from now on.
 
-    Exports ``ANYLOGITS_LIMITS`` so that engine processes (vLLM's engine core, its
+    Exports ``ANYLOGITS_LIMITS`` so that engine processes (an engine core, its
     workers) started afterwards use the same limits. Returns the limits in force before.
     """
     previous = limits()

@@ -96,7 +96,7 @@ class Pipeline:
     def apply(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Run the processors on ``logits`` for rows an adapter already described.
 
-        For engines that know which sequence each row is (vLLM): they build the
+        For engines that know which sequence each row is (slots): they build the
         :class:`Batch`, states included, instead of letting the tracker infer it.
         """
         for processor in self.processors:

@@ -117,3 +117,30 @@ def to_specs(processors: list[LogitsProcessor]) -> list[dict[str, Any]]:
     for index, spec in enumerate(specs):
         check_json_value(spec, f"specs[{index}]")
     return specs
+
+
+def parse_specs(value: Any, where: str) -> list[dict[str, Any]]:
+    """The checked specs of one request, from what a client sent: a list of spec dicts,
+    one spec dict, or their JSON text (servers that carry only flat values send text).
+
+    Bounded before anything is built (processors per request, JSON depth and size), and
+    every spec must build: raises ``ValueError`` naming the bad field, e.g.
+    ``{where}[1]: spec field 'type' is ...``.
+    """
+    specs = load_json(value, where) if isinstance(value, str) else value
+    if isinstance(specs, dict):
+        specs = [specs]
+    if not isinstance(specs, list):
+        raise ValueError(
+            f"{where} must be a list of processor specs (dicts with a 'type' field), got "
+            f"{type(specs).__name__}; build it with anylogits.to_specs(...)"
+        )
+    check_size(where, len(specs), "processors", "processors")
+    check_json_value(specs, where)
+    check_size(where, len(json.dumps(specs)), "spec_bytes", "bytes of JSON")
+    for index, spec in enumerate(specs):
+        try:
+            from_spec(spec)
+        except Exception as error:  # untrusted input: any failure is a bad request
+            raise ValueError(f"{where}[{index}]: {error}") from None
+    return specs

@@ -191,17 +191,17 @@ class VllmBackend:
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         from vllm.config import VllmConfig
 
-        from anylogits.adapters.vllm import AnyLogitsV1
+        from anylogits.adapters.vllm import AnyLogitsV1Runner
         from anylogits.core.specs import to_specs
 
-        processor = AnyLogitsV1(VllmConfig(), torch.device("cpu"), False)
+        processor = AnyLogitsV1Runner(VllmConfig(), torch.device("cpu"), False)
         if tokenizer is not None:
             # The engine reads its tokenizer from the model config, which a hook-level
             # test has none of: give the requests the vocabulary the engine would build.
-            from anylogits.core.requests import RequestBatch
+            from anylogits.adapters.vllm_requests import VllmRequests
 
             vocab = _vocabulary(tokenizer)
-            processor.requests = RequestBatch(lambda: vocab)
+            processor.requests = VllmRequests(lambda: vocab)
         return _VllmHook(processor, to_specs(processors))
 
     def batch_update(self, hook: _VllmHook, token_ids: torch.Tensor) -> Any:

@@ -1,12 +1,14 @@
-"""Per-request pipelines for engines that batch many requests and name each row's request.
+"""Per-request pipelines for engines that keep a persistent batch of requests in slots.
 
-vLLM keeps a persistent batch: every request sits in a slot, carries its own processor
-specs, and the engine says when requests arrive, leave or move between slots. Rows
-therefore have identities, and no token-prefix hashing is needed: each request keeps its
-own token buffer and its committed processor states, extended as tokens arrive.
+An engine of this kind puts every request in a slot, gives each its own processor specs,
+and says when requests arrive, leave or move between slots. Rows therefore have
+identities, and no token-prefix hashing is needed: each request keeps its own token
+buffer and its committed processor states, extended as tokens arrive.
 
 Rows whose requests share the same specs form one group and are processed by one
-pipeline call; rows without specs are never touched.
+pipeline call; rows without specs are never touched. How an engine spells specs and
+hands over generated tokens is its adapter's business: it passes the specs' raw value and
+an :class:`OutputFeed` or a :data:`CommittedReader`.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.cache import LeastRecentlyUsed
-from anylogits.core.limits import check_size
-from anylogits.core.pipeline import Pipeline, flatten
-from anylogits.core.specs import check_json_value, from_spec, load_json, to_specs
+from anylogits.core.pipeline import Pipeline
+from anylogits.core.specs import from_spec, parse_specs
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.core.vocab import Vocabulary
 
@@ -33,67 +34,18 @@ logger = logging.getLogger(__name__)
 # Pipelines kept for specs (and stacked mixes of them) that no running request uses.
 GROUP_CACHE = 1024
 
-SPEC_KEY = "anylogits"
-"""The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
-
 # Reads committed tokens the engine holds: (slots, start offsets) -> tokens from each
 # start to the end of the committed sequence, one list per slot.
 CommittedReader = Callable[[list[int], list[int]], list[list[int]]]
 
 
-def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | None:
-    """The validated specs of one request's ``extra_args``, or ``None`` when it has none.
+class OutputFeed(Protocol):
+    """Where a request's generated tokens come from, when the engine pushes them."""
 
-    The value under :data:`SPEC_KEY` is a list of spec dicts, one spec dict, or their JSON
-    text (what :func:`vllm_xargs` sends through the OpenAI-compatible server).
-
-    Raises ``ValueError`` naming the bad field, e.g. ``extra_args['anylogits'][1]``.
-    """
-    if not extra_args or SPEC_KEY not in extra_args:
-        return None
-    specs = extra_args[SPEC_KEY]
-    where = f"extra_args[{SPEC_KEY!r}]"
-    if isinstance(specs, str):
-        # The OpenAI server's vllm_xargs only carry strings, numbers and flat lists.
-        specs = load_json(specs, where)
-    if isinstance(specs, dict):
-        specs = [specs]
-    if not isinstance(specs, list):
-        raise ValueError(
-            f"{where} must be a list of processor specs (dicts with a 'type' field), got "
-            f"{type(specs).__name__}; build it with anylogits.to_specs(...)"
-        )
-    check_size(where, len(specs), "processors", "processors")
-    check_json_value(specs, where)
-    check_size(where, len(json.dumps(specs)), "spec_bytes", "bytes of JSON")
-    for index, spec in enumerate(specs):
-        try:
-            from_spec(spec)
-        except Exception as error:  # untrusted input: any failure is a bad request
-            raise ValueError(f"{where}[{index}]: {error}") from None
-    return specs or None
-
-
-def processor_specs(*processors: Any) -> list[dict[str, Any]]:
-    """The checked specs of ``processors`` (pipelines flattened), in order."""
-    # Not a Pipeline: building one would rebind the processors to no vocabulary.
-    return to_specs(flatten(processors))
-
-
-def vllm_xargs(*processors: Any) -> dict[str, str]:
-    """The ``vllm_xargs`` payload that asks a vLLM server to run ``processors``.
-
-    Needs no vLLM: clients send it as ``extra_body={"vllm_xargs": vllm_xargs(...)}``. The
-    server only carries flat values, so the specs travel as one JSON string.
-
-    Example:
-        >>> from anylogits import TopK
-        >>> vllm_xargs(TopK(5))
-        {'anylogits': '[{"type":"top_k","top_k":5,"min_tokens_to_keep":1}]'}
-    """
-    text = json.dumps(processor_specs(*processors), separators=(",", ":"))
-    request_specs({SPEC_KEY: text})
-    return {SPEC_KEY: text}
+    def read(self) -> tuple[bool, list[int]]:
+        """``(restart, tokens)``: the tokens generated since the last read; with
+        ``restart`` the engine dropped outputs, and ``tokens`` follow the prompt."""
+        ...
 
 
 def _brief(key: str, size: int = 300) -> str:
@@ -115,14 +67,14 @@ class _Group:
 class _Request:
     """One request: its token buffer (prompt + committed output) and committed states."""
 
-    __slots__ = ("group", "length", "node", "output", "prompt_length", "synced_output", "tokens")
+    __slots__ = ("group", "length", "node", "output", "prompt_length", "tokens")
 
     def __init__(
         self,
         group: _Group,
         prompt_ids: Sequence[int] | None,
         prompt_length: int,
-        output: Sequence[int] | None,
+        output: OutputFeed | None,
     ) -> None:
         self.group = group
         self.prompt_length = prompt_length
@@ -131,7 +83,6 @@ class _Request:
         if prompt_ids is not None:
             self.append(list(prompt_ids))
         self.output = output
-        self.synced_output = 0
         self.node: SequenceNode | None = None
 
     def append(self, token_ids: list[int]) -> None:
@@ -143,24 +94,16 @@ class _Request:
         self.tokens[self.length : end] = torch.tensor(token_ids, dtype=torch.int64)
         self.length = end
 
-    def sync_output(self) -> None:
-        """Take in the tokens appended to the engine's live output list since last time."""
-        output = self.output
-        if output is None:
+    def read_output(self) -> None:
+        """Take in the tokens the engine generated since the last read."""
+        if self.output is None:
             return
-        if len(output) < self.synced_output:
-            # The engine dropped outputs (vLLM discards tokens after a KV-load failure):
-            # restart from the prompt.
+        restart, tokens = self.output.read()
+        if restart:
             self.length = self.prompt_length
-            self.synced_output = 0
             self.node = None
-        new = list(output[self.synced_output :])
-        if new and min(new) < 0:
-            # Placeholders (-1) of tokens still being sampled asynchronously.
-            new = new[: next(i for i, t in enumerate(new) if t < 0)]
-        if new:
-            self.append(new)
-            self.synced_output += len(new)
+        if tokens:
+            self.append(tokens)
 
     def committed_node(self) -> SequenceNode:
         """The processor states after every committed token."""
@@ -190,7 +133,7 @@ class _RowGroup:
         self.span: tuple[int, int] | None = None
 
 
-class RequestBatch:
+class SlotBatch:
     """Slot-indexed per-request pipelines, applied group by group to a ``(B, V)`` batch.
 
     Args:
@@ -202,9 +145,8 @@ class RequestBatch:
     Example:
         >>> import torch
         >>> from anylogits import LogitBias, to_specs
-        >>> requests = RequestBatch()
-        >>> extra_args = {"anylogits": to_specs([LogitBias({2: -5.0})])}
-        >>> requests.add(1, extra_args, prompt_ids=[0, 1], output_ids=[])
+        >>> requests = SlotBatch()
+        >>> requests.put(1, to_specs([LogitBias({2: -5.0})]), prompt_ids=[0, 1])
         True
         >>> requests.process(torch.zeros(3, 4))
         tensor([[ 0.,  0.,  0.,  0.],
@@ -258,46 +200,50 @@ class RequestBatch:
         threading.Thread(target=build, name="anylogits-vocabulary", daemon=True).start()
         self._prefetch = future
 
-    def add(
+    def put(
         self,
         slot: int,
-        extra_args: dict[str, Any] | None,
+        specs: Any,
         *,
+        where: str = "specs",
         prompt_ids: Sequence[int] | None = None,
         prompt_length: int | None = None,
-        output_ids: Sequence[int] | None = None,
+        output: OutputFeed | None = None,
     ) -> bool:
         """Put a request in ``slot`` (replacing whatever was there).
 
         Args:
             slot: the engine's row index for the request.
-            extra_args: the request's ``SamplingParams.extra_args``; its specs sit under
-                :data:`SPEC_KEY`. Without them the slot has no processors.
+            specs: the request's processor specs as the client sent them (a list of spec
+                dicts, one spec dict, or their JSON text; see
+                :func:`~anylogits.core.specs.parse_specs`); ``None`` or an empty list: the
+                slot has no processors.
+            where: how the engine names the specs, for error messages.
             prompt_ids: the prompt; ``None`` when the engine supplies committed tokens at
-                each call instead (vLLM's V2 runner, see :meth:`process`).
+                each call instead (see :meth:`process`).
             prompt_length: the prompt length when ``prompt_ids`` is ``None``.
-            output_ids: the engine's *live* list of generated ids (vLLM's V1 runner keeps
-                appending to it); ``None`` when committed tokens are read per call.
+            output: where the request's generated tokens come from; ``None`` when
+                committed tokens are read per call.
 
         Returns whether the request has processors. Specs that fail here (normally
-        caught earlier by :func:`request_specs` in the engine's request validation) make
-        the request's rows end the sequence and log the error: the request is already
-        scheduled, and passing its logits through would hide the failure.
+        caught earlier, where the engine validates requests) make the request's rows end
+        the sequence and log the error: the request is already scheduled, and passing its
+        logits through would hide the failure.
         """
         self._layout = None
         try:
-            specs = request_specs(extra_args)
+            parsed = parse_specs(specs, where) if specs is not None else []
         except ValueError as error:
             group = self._failed_group(str(error))
         else:
-            if specs is None:
+            if not parsed:
                 self._slots.pop(slot, None)
                 return False
-            group = self._group(specs)
+            group = self._group(parsed)
         length = len(prompt_ids) if prompt_ids is not None else prompt_length
         if length is None:
             raise ValueError("pass prompt_ids or prompt_length")
-        self._slots[slot] = _Request(group, prompt_ids, length, output_ids)
+        self._slots[slot] = _Request(group, prompt_ids, length, output)
         return True
 
     def remove(self, slot: int) -> None:
@@ -339,8 +285,8 @@ class RequestBatch:
             drafts: per row, speculative tokens that follow the committed sequence (the
                 row scores the position after them); states advance through them without
                 being committed.
-            committed: reads committed tokens from the engine, for requests added without
-                a live output list.
+            committed: reads committed tokens from the engine, for requests put without
+                an output feed.
         """
         if not self._slots:
             return logits
@@ -557,7 +503,7 @@ class RequestBatch:
     ) -> None:
         if committed is None:
             for request in requests:
-                request.sync_output()
+                request.read_output()
             return
         # One engine read for the whole group; a request with several rows (draft
         # positions) is read once.

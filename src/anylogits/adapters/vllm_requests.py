@@ -1,0 +1,128 @@
+"""vLLM's request wire format, without vLLM: clients import it to build requests.
+
+A request names its processors as specs under ``extra_args["anylogits"]`` (offline
+``SamplingParams``) or ``vllm_xargs["anylogits"]`` (the OpenAI-compatible server, which
+carries only flat values, so there the specs travel as one JSON string). The V1 model
+runner hands each request's *live* list of generated ids to the processor; it may shrink
+(tokens discarded after a KV-load failure) or end in ``-1`` placeholders (tokens still
+being sampled asynchronously). :class:`VllmRequests` reads both into the neutral
+:class:`~anylogits.core.slots.SlotBatch`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from anylogits.core.pipeline import flatten
+from anylogits.core.slots import SlotBatch
+from anylogits.core.specs import parse_specs, to_specs
+
+SPEC_KEY = "anylogits"
+"""The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
+
+SPEC_FIELD = f"extra_args[{SPEC_KEY!r}]"
+"""How error messages name a request's specs."""
+
+
+def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """The validated specs of one request's ``extra_args``, or ``None`` when it has none.
+
+    The value under :data:`SPEC_KEY` is a list of spec dicts, one spec dict, or their JSON
+    text (what :func:`vllm_xargs` sends through the OpenAI-compatible server).
+
+    Raises ``ValueError`` naming the bad field, e.g. ``extra_args['anylogits'][1]``.
+    """
+    if not extra_args or SPEC_KEY not in extra_args:
+        return None
+    return parse_specs(extra_args[SPEC_KEY], SPEC_FIELD) or None
+
+
+def processor_specs(*processors: Any) -> list[dict[str, Any]]:
+    """The checked specs of ``processors`` (pipelines flattened), in order."""
+    # Not a Pipeline: building one would rebind the processors to no vocabulary.
+    return to_specs(flatten(processors))
+
+
+def vllm_xargs(*processors: Any) -> dict[str, str]:
+    """The ``vllm_xargs`` payload that asks a vLLM server to run ``processors``.
+
+    Needs no vLLM: clients send it as ``extra_body={"vllm_xargs": vllm_xargs(...)}``. The
+    server only carries flat values, so the specs travel as one JSON string.
+
+    Example:
+        >>> from anylogits import TopK
+        >>> vllm_xargs(TopK(5))
+        {'anylogits': '[{"type":"top_k","top_k":5,"min_tokens_to_keep":1}]'}
+    """
+    text = json.dumps(processor_specs(*processors), separators=(",", ":"))
+    request_specs({SPEC_KEY: text})
+    return {SPEC_KEY: text}
+
+
+class LiveOutputList:
+    """Reads the tokens vLLM's V1 model runner appends to a request's output list."""
+
+    __slots__ = ("output", "read_count")
+
+    def __init__(self, output: Sequence[int]) -> None:
+        self.output = output
+        self.read_count = 0
+
+    def read(self) -> tuple[bool, list[int]]:
+        restart = len(self.output) < self.read_count
+        if restart:  # vLLM discarded outputs (a KV-load failure): replay from the prompt
+            self.read_count = 0
+        new = list(self.output[self.read_count :])
+        if new and min(new) < 0:
+            # Placeholders (-1) of tokens still being sampled asynchronously.
+            new = new[: next(i for i, t in enumerate(new) if t < 0)]
+        self.read_count += len(new)
+        return restart, new
+
+
+class VllmRequests(SlotBatch):
+    """The requests of one vLLM engine by slot, added as vLLM's model runners add them.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import LogitBias, to_specs
+        >>> requests = VllmRequests()
+        >>> extra_args = {"anylogits": to_specs([LogitBias({2: -5.0})])}
+        >>> requests.add(1, extra_args, prompt_ids=[0, 1], output_ids=[])
+        True
+        >>> requests.process(torch.zeros(3, 4))
+        tensor([[ 0.,  0.,  0.,  0.],
+                [ 0.,  0., -5.,  0.],
+                [ 0.,  0.,  0.,  0.]])
+    """
+
+    def add(
+        self,
+        slot: int,
+        extra_args: dict[str, Any] | None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        prompt_length: int | None = None,
+        output_ids: Sequence[int] | None = None,
+    ) -> bool:
+        """Put a request in ``slot``; see :meth:`SlotBatch.put`.
+
+        Args:
+            slot: the runner's row index for the request.
+            extra_args: the request's ``SamplingParams.extra_args``; its specs sit under
+                :data:`SPEC_KEY`. Without them the slot has no processors.
+            prompt_ids: the prompt; ``None`` with the V2 runner, which supplies committed
+                tokens at each call instead.
+            prompt_length: the prompt length when ``prompt_ids`` is ``None``.
+            output_ids: the V1 runner's *live* list of generated ids.
+        """
+        return self.put(
+            slot,
+            (extra_args or {}).get(SPEC_KEY),
+            where=SPEC_FIELD,
+            prompt_ids=prompt_ids,
+            prompt_length=prompt_length,
+            output=LiveOutputList(output_ids) if output_ids is not None else None,
+        )
