@@ -155,11 +155,13 @@ class SlotBatch:
     """
 
     def __init__(self, vocab: Vocabulary | Callable[[], Vocabulary | None] | None = None) -> None:
-        self._vocab_source = vocab
+        # A function builds the vocabulary at first use (None once it has succeeded).
+        self._build_vocab: Callable[[], Vocabulary | None] | None = None
         self._vocab: Vocabulary | None = None
-        self._vocab_ready = not callable(vocab)
-        if self._vocab_ready:
-            self._vocab = vocab  # type: ignore[assignment]
+        if isinstance(vocab, Vocabulary) or vocab is None:
+            self._vocab = vocab
+        else:
+            self._build_vocab = vocab
         self._prefetch: concurrent.futures.Future[Vocabulary | None] | None = None
         # A server meets endless distinct specs: pipelines no running request uses are
         # dropped, least recently used first (requests still running keep theirs).
@@ -175,25 +177,25 @@ class SlotBatch:
 
     @property
     def vocab(self) -> Vocabulary | None:
-        if not self._vocab_ready:
+        if self._build_vocab is not None:
             prefetch, self._prefetch = self._prefetch, None
             # A failed build raises here (and is tried again next time).
-            source = prefetch.result if prefetch is not None else self._vocab_source
-            self._vocab = source()  # type: ignore[operator]
-            self._vocab_ready = True
+            self._vocab = prefetch.result() if prefetch is not None else self._build_vocab()
+            self._build_vocab = None
         return self._vocab
 
     def prefetch_vocabulary(self) -> None:
         """Start building the vocabulary in a background thread, so that the first request
         with processors does not hold the engine while the tokenizer is loaded and read
         (~1-4 s for 128k tokens)."""
-        if self._vocab_ready or self._prefetch is not None:
+        build_vocab = self._build_vocab
+        if build_vocab is None or self._prefetch is not None:
             return
         future: concurrent.futures.Future[Vocabulary | None] = concurrent.futures.Future()
 
         def build() -> None:
             try:
-                future.set_result(self._vocab_source())  # type: ignore[operator]
+                future.set_result(build_vocab())
             except Exception as error:
                 future.set_exception(error)
 
@@ -398,7 +400,10 @@ class SlotBatch:
         key = "stack:" + "|".join(m[2].group.key for m in members)
         group = self._groups.get(key)
         if group is None:
-            pipelines = [m[2].group.pipeline for m in members]
+            pipelines: list[Pipeline] = []
+            for member in members:
+                assert member[2].group.pipeline is not None  # failed groups never stack
+                pipelines.append(member[2].group.pipeline)
             stacked = []
             for position, kind in enumerate(type(p) for p in pipelines[0].processors):
                 processor = kind.stack([p.processors[position] for p in pipelines])
@@ -438,7 +443,7 @@ class SlotBatch:
                     self._sync(requests, row_group.slots, committed)
                     synced = True
 
-            states: dict[int, list[Any]] = {}
+            states: dict[int, Sequence[Any]] = {}
             prompt_lengths = None
             if pipeline.tracker is not None:
                 sync()
