@@ -93,7 +93,6 @@ def tests(session: nox.Session) -> None:
         "--doctest-modules",
         "src/anylogits/core",
         "src/anylogits/processors",
-        "src/anylogits/watermark_detection.py",
         *session.posargs,
     )
 

@@ -62,7 +62,7 @@ from hypothesis import strategies as st
 
 from anylogits import LogitsProcessor, Pipeline
 from anylogits.core.batch import Batch
-from anylogits.processors.occurrence_penalties import (
+from anylogits.processors import (
     DRY,
     FrequencyPenalty,
     PresencePenalty,

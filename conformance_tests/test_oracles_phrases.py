@@ -58,7 +58,7 @@ from hypothesis import strategies as st
 from anylogits import Pipeline
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
-from anylogits.processors.phrases import (
+from anylogits.processors import (
     CiteFromPrompt,
     ForceLastPhrase,
     ForceSequence,

@@ -48,7 +48,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from anylogits import Pipeline
 from anylogits.core.vocab import hf_vocabulary
-from anylogits.processors.sequences import (
+from anylogits.processors import (
     BadWords,
     ExponentialDecayLength,
     SequenceBias,

@@ -40,7 +40,7 @@ from transformers.generation.logits_process import WatermarkLogitsProcessor
 
 from anylogits import Pipeline, for_transformers
 from anylogits.processors.watermark import Watermark
-from anylogits.watermark_detection import detect_watermark
+from anylogits.processors.watermark_detection import detect_watermark
 from conformance_tests.comparisons import DTYPES, NEG_INF, dtype_id
 
 pytestmark = pytest.mark.only_backend("transformers")

@@ -15,12 +15,8 @@ import torch
 
 from anylogits import Pipeline, Vocabulary, from_spec
 from anylogits.core.batch import Batch
-from anylogits.processors.occurrence_penalties import (
-    DRY,
-    FrequencyPenalty,
-    PresencePenalty,
-    breaker_table,
-)
+from anylogits.processors.dry import DRY, breaker_table
+from anylogits.processors.penalties import FrequencyPenalty, PresencePenalty
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import anylogits.processors.phrases as phrases_module
+import anylogits.processors.bias as bias_module
+import anylogits.processors.forcing as forcing_module
+import anylogits.processors.length as length_module
 from anylogits import Pipeline, Vocabulary, from_spec, to_specs
 from anylogits.adapters.vllm_requests import VllmRequests
 from anylogits.core.processor import LogitsProcessor
-from anylogits.processors.phrases import (
+from anylogits.processors import (
     CiteFromPrompt,
     ForceLastPhrase,
     ForceSequence,
@@ -192,8 +194,11 @@ def test_a_bad_spec_names_the_field() -> None:
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(phrases_module)
-    assert result.attempted > 0 and result.failed == 0
+    # The phrase processors live in three modules: forcing, length (GenLength) and bias
+    # (CiteFromPrompt).
+    for module in (forcing_module, length_module, bias_module):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
 # --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from anylogits import Pipeline, Vocabulary, from_spec
-from anylogits.processors.sequences import (
+from anylogits.processors import (
     BadWords,
     ExponentialDecayLength,
     SequenceBias,

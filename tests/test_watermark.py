@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import anylogits.processors.watermark as watermark_module
-import anylogits.watermark_detection as detection_module
+import anylogits.processors.watermark_detection as detection_module
 from anylogits import Pipeline, Vocabulary, from_spec
-from anylogits.processors.watermark import GreenlistCache, Watermark, likeliest_tokens
-from anylogits.watermark_detection import WatermarkDetection, detect_watermark
+from anylogits.processors._greenlist import GreenlistCache
+from anylogits.processors.watermark import Watermark, likeliest_tokens
+from anylogits.processors.watermark_detection import WatermarkDetection, detect_watermark
 
 KEY = 15485863
 MODULUS = 2**64 - 1

@@ -54,7 +54,7 @@ from anylogits.processors import (
     TypicalP,
     Watermark,
 )
-from anylogits.watermark_detection import WatermarkDetection, detect_watermark
+from anylogits.processors.watermark_detection import WatermarkDetection, detect_watermark
 
 if TYPE_CHECKING:
     from anylogits.adapters.llama_cpp import for_llama_cpp

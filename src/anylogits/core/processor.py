@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from anylogits.core import specs
 
 if TYPE_CHECKING:
     import torch
@@ -13,8 +14,6 @@ if TYPE_CHECKING:
     from anylogits.core.vocab import Vocabulary
 
 State = TypeVar("State")
-
-_REGISTRY: dict[str, type[LogitsProcessor]] = {}
 
 
 class LogitsProcessor:
@@ -40,14 +39,8 @@ class LogitsProcessor:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("spec_name")
-        if name is not None:
-            if name in _REGISTRY and _REGISTRY[name] is not cls:
-                raise TypeError(
-                    f"spec_name {name!r} of {cls.__qualname__} is already used by "
-                    f"{_REGISTRY[name].__qualname__}; choose another spec_name"
-                )
-            _REGISTRY[name] = cls
+        if cls.__dict__.get("spec_name") is not None:
+            specs.register(cls)
 
     vocab: Vocabulary | None = None
 
@@ -78,9 +71,7 @@ class LogitsProcessor:
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LogitsProcessor:
         """Build the processor a spec describes (see :func:`anylogits.from_spec`)."""
-        from anylogits.core.specs import from_spec
-
-        processor = from_spec(spec)
+        processor = specs.from_spec(spec)
         if not isinstance(processor, cls):
             raise ValueError(
                 f"spec type {spec.get('type')!r} builds {type(processor).__qualname__}, "
@@ -156,19 +147,3 @@ class RowwiseProcessor(LogitsProcessor):
 
     def __repr__(self) -> str:
         return f"RowwiseProcessor({self.function.__name__})"
-
-
-def registered_processors() -> dict[str, type[LogitsProcessor]]:
-    """Every processor class that has a ``spec_name``, by that name."""
-    return dict(_REGISTRY)
-
-
-def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:
-    """The keyword parameters a spec may set for ``cls``."""
-    signature = inspect.signature(cls.__init__)
-    return {
-        name: parameter
-        for name, parameter in signature.parameters.items()
-        if name != "self"
-        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-    }

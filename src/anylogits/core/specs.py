@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anylogits.core.limits import check_size, limits
-from anylogits.core.processor import LogitsProcessor, constructor_parameters, registered_processors
+
+if TYPE_CHECKING:
+    from anylogits.core.processor import LogitsProcessor
+
+# Every processor class with a ``spec_name``, by that name; filled as classes are defined.
+_REGISTRY: dict[str, type[LogitsProcessor]] = {}
+
+
+def register(cls: type[LogitsProcessor]) -> None:
+    """Make ``cls`` buildable from specs whose ``"type"`` is its ``spec_name``
+    (``LogitsProcessor`` subclasses call it when they are defined)."""
+    name = cls.spec_name
+    assert name is not None
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise TypeError(
+            f"spec_name {name!r} of {cls.__qualname__} is already used by "
+            f"{_REGISTRY[name].__qualname__}; choose another spec_name"
+        )
+    _REGISTRY[name] = cls
+
+
+def registered_processors() -> dict[str, type[LogitsProcessor]]:
+    """Every processor class that has a ``spec_name``, by that name."""
+    return dict(_REGISTRY)
+
+
+def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:
+    """The keyword parameters a spec may set for ``cls``."""
+    signature = inspect.signature(cls.__init__)
+    return {
+        name: parameter
+        for name, parameter in signature.parameters.items()
+        if name != "self"
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
 
 
 def check_json_value(value: Any, where: str) -> None:

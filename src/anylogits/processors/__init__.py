@@ -1,25 +1,50 @@
-"""The processor catalogue, torch only, one module per family."""
+"""The processor catalogue, torch only, one module per mechanism:
 
-from anylogits.processors.control import LogitBias, MinNewTokens, SuppressTokens
-from anylogits.processors.occurrence_penalties import DRY, FrequencyPenalty, PresencePenalty
-from anylogits.processors.penalties import NoRepeatNGram, RepetitionPenalty
-from anylogits.processors.phrases import (
-    CiteFromPrompt,
+- temperature: Temperature
+- truncation: TopK, TopP, MinP, TypicalP, EpsilonCutoff, EtaCutoff, TopNSigma, TopH
+- xtc: XTC
+- penalties: RepetitionPenalty, PresencePenalty, FrequencyPenalty
+- dry: DRY
+- bans: SuppressTokens, BadWords, NoRepeatNGram
+- bias: LogitBias, SequenceBias, CiteFromPrompt
+- length: MinNewTokens, ExponentialDecayLength, GenLength, StopStrings
+- forcing: ForceSequence, TriggerPhrase, ForceLastPhrase, MultipleChoice
+- structured: Regex, JSONSchema, Choice, Grammar
+- watermark: Watermark (its detector: watermark_detection)
+
+Private helpers: ``_ops`` (tensor helpers shared by the modules), ``_checks`` (argument
+checks), ``_greenlist`` (the watermark's seeding, shared with its detector) and the
+structured processors' ``_bitmask``, ``_grammar_engine``, ``_grammar_state``.
+"""
+
+from anylogits.processors.bans import BadWords, NoRepeatNGram, SuppressTokens
+from anylogits.processors.bias import CiteFromPrompt, LogitBias, SequenceBias
+from anylogits.processors.dry import DRY
+from anylogits.processors.forcing import (
     ForceLastPhrase,
     ForceSequence,
-    GenLength,
     MultipleChoice,
     TriggerPhrase,
 )
-from anylogits.processors.sampling import MinP, Temperature, TopK, TopP
-from anylogits.processors.sequences import (
-    BadWords,
+from anylogits.processors.length import (
     ExponentialDecayLength,
-    SequenceBias,
+    GenLength,
+    MinNewTokens,
     StopStrings,
 )
+from anylogits.processors.penalties import FrequencyPenalty, PresencePenalty, RepetitionPenalty
 from anylogits.processors.structured import Choice, Grammar, JSONSchema, Regex
-from anylogits.processors.truncation import EpsilonCutoff, EtaCutoff, TopH, TopNSigma, TypicalP
+from anylogits.processors.temperature import Temperature
+from anylogits.processors.truncation import (
+    EpsilonCutoff,
+    EtaCutoff,
+    MinP,
+    TopH,
+    TopK,
+    TopNSigma,
+    TopP,
+    TypicalP,
+)
 from anylogits.processors.watermark import Watermark
 from anylogits.processors.xtc import XTC
 

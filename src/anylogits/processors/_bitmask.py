@@ -4,11 +4,9 @@ int32 tensor whose bit ``j`` of word ``w`` allows token ``32 w + j``.
 :func:`apply_bitmask` sets every disallowed logit to ``-inf`` for the whole batch at
 once, on the logits' own device. The fast path is one fused kernel from
 ``torch.compile`` (bits unpacked and logits masked in one pass, no temporary) for two
-rows or more: at V=128k on a 2-core CPU it takes 1.5 ms for 32 rows where the best
-eager torch formulation (a half-word lookup table) takes 3.0 ms. Compiling costs
-~1.5-2 s once per process and needs a working compiler toolchain, so the eager path
-stays: it serves single rows, ``ANYLOGITS_COMPILE_BITMASK=0`` makes it serve everything,
-and it takes over (with one warning) wherever compiling fails.
+rows or more; the eager path (a half-word lookup table) serves single rows, everything
+with ``ANYLOGITS_COMPILE_BITMASK=0``, and takes over (with one warning) wherever
+compiling fails. Measurements: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Constructor argument checks shared by the catalogue; each error names the bad value."""
+"""Argument checks shared by the catalogue, each error naming the bad value: constructor
+arguments, and text or token ids resolved to token ids of the bound vocabulary."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from anylogits.core.limits import check_items, check_size, check_text
+from anylogits.core.vocab import Vocabulary
 
 # No vocabulary comes near 2**31 tokens; larger ids would overflow int32 token tensors.
 MAX_TOKEN_ID = 2**31 - 1
@@ -102,3 +104,88 @@ def nonempty_strings(name: str, values: Any, limit: str = "items") -> tuple[str,
             raise ValueError(f"{name} must hold non-empty strings, got {value!r} in {values!r}")
         check_text(f"{name}[{index}]", value)
     return strings
+
+
+def token_sequence(name: str, value: Any) -> tuple[int, ...]:
+    """Constructor check: a non-empty list of token ids."""
+    ids = token_id_list(name, value, "sequence_tokens")
+    if not ids:
+        raise ValueError(f"{name} must hold at least one token id, got {value!r}")
+    return ids
+
+
+TextOrIds = str | Sequence[int]
+
+
+def text_or_ids(name: str, value: Any) -> str | tuple[int, ...]:
+    """Constructor check: non-empty text, or a non-empty list of token ids."""
+    if isinstance(value, str):
+        if not value:
+            raise ValueError(f"{name} must not be empty")
+        check_text(name, value)
+        return value
+    ids = token_id_list(name, value, "sequence_tokens")
+    if not ids:
+        raise ValueError(f"{name} must hold at least one token id, got {value!r}")
+    return ids
+
+
+def token_or_text(name: str, value: Any) -> int | str:
+    """Constructor check: one token id, or non-empty text that should be one token."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return token_id_list(name, [value])[0]
+    if isinstance(value, str) and value:
+        check_text(name, value)
+        return value
+    raise ValueError(f"{name} must be a token id or a non-empty string, got {value!r}")
+
+
+def as_config(value: str | tuple[int, ...]) -> str | list[int]:
+    return value if isinstance(value, str) else list(value)
+
+
+def encode(
+    owner: str, name: str, value: str | tuple[int, ...], vocab: Vocabulary | None
+) -> tuple[int, ...]:
+    """Token ids of ``value``: ids as given, text through the vocabulary's tokenizer
+    (no special tokens added, as the zoo's ``tokenizer.encode(..., add_special_tokens=False)``).
+    """
+    if not isinstance(value, str):
+        if vocab is not None:
+            ids_within(name, value, vocab.size, "vocabulary")
+        return value
+    if vocab is None or vocab.encode is None:
+        raise ValueError(
+            f"{owner}: {name} {value!r} is text, so it needs the model's tokenizer: give the "
+            "adapter the tokenizer (or Pipeline(..., vocab=...)), or pass token ids"
+        )
+    ids = tuple(vocab.encode(value))
+    if not ids:
+        raise ValueError(f"{owner}: {name} {value!r} encodes to no tokens")
+    check_size(f"{owner}: {name} (tokenized)", len(ids), "sequence_tokens", "tokens")
+    return ids
+
+
+def single_token(owner: str, name: str, value: int | str, vocab: Vocabulary | None) -> int:
+    """The one token ``value`` names.
+
+    Text must encode to one token. Like the zoo's ``text_to_token``, a leading BOS or
+    whitespace-only token (a SentencePiece prefix space) is tolerated; unlike it, two
+    real tokens are an error rather than "take the last one".
+    """
+    if isinstance(value, int):
+        return encode(owner, name, (value,), vocab)[0]
+    ids = list(encode(owner, name, value, vocab))
+    assert vocab is not None  # encode raised otherwise
+    while len(ids) > 1 and (ids[0] == vocab.bos_token_id or _blank(vocab, ids[0])):
+        ids.pop(0)
+    if len(ids) != 1:
+        raise ValueError(
+            f"{owner}: {name} {value!r} must be one token, but the tokenizer makes "
+            f"{len(ids)} of it {ids}; pass a token id instead"
+        )
+    return ids[0]
+
+
+def _blank(vocab: Vocabulary, token_id: int) -> bool:
+    return token_id < vocab.size and not vocab.token_bytes(token_id).strip()

@@ -47,7 +47,8 @@ class GrammarEngine(Protocol):
         the engine fails."""
 
 
-def _llguidance() -> Any:
+def load_llguidance() -> Any:
+    """The llguidance module; ``ImportError`` saying how to install it when missing."""
     try:
         import llguidance
         import llguidance.torch
@@ -110,7 +111,7 @@ class _VocabularyTokenizer:
 
 def _parser_limits(budget: dict[str, int]) -> Any:
     # verbose_errors=False: an error message must not echo the grammar back to a client.
-    return _llguidance().LLParserLimits(**budget, verbose_errors=False)
+    return load_llguidance().LLParserLimits(**budget, verbose_errors=False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -118,7 +119,7 @@ def _validation_error(grammar: str, budget: tuple[tuple[str, int], ...]) -> str 
     """llguidance's error for ``grammar`` under ``budget``, or ``None``; remembered, since
     a server validates each request's grammar in its frontend before the engine compiles
     the same grammar again."""
-    llguidance = _llguidance()
+    llguidance = load_llguidance()
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
         grammar, limits=_parser_limits(dict(budget))
     )
@@ -144,11 +145,11 @@ class LLGuidanceEngine:
             raise ValueError(error)
 
     def tokenizer(self, vocab: Vocabulary) -> Any:
-        """llguidance's tokenizer for ``vocab`` (built once: ~1 s at 128k tokens)."""
+        """llguidance's tokenizer for ``vocab`` (built once per vocabulary)."""
         with self._lock:
             tokenizer = self._tokenizers.get(vocab)
             if tokenizer is None:
-                llguidance = _llguidance()
+                llguidance = load_llguidance()
                 wrapper = llguidance.TokenizerWrapper(_VocabularyTokenizer(vocab))
                 eos = sorted(vocab.eos_token_ids) or None
                 tokenizer = llguidance.LLTokenizer(wrapper, eos_token=eos)
@@ -161,7 +162,7 @@ class LLGuidanceEngine:
         key = (id(tokenizer), grammar, tuple(budget.values()))
         template = self._compiled.get(key)
         if template is None:
-            llguidance = _llguidance()
+            llguidance = load_llguidance()
             template = llguidance.LLMatcher(
                 tokenizer, grammar, log_level=0, limits=_parser_limits(budget)
             )
@@ -192,7 +193,7 @@ class LLGuidanceEngine:
         if not work:
             return
         if self._executor is None:
-            self._executor = _llguidance().LLExecutor()
+            self._executor = load_llguidance().LLExecutor()
         on_cpu = bitmask.device.type == "cpu"
         if bitmask.dtype != torch.int32 or not on_cpu or not bitmask.is_contiguous():
             raise ValueError("the bitmask must be a contiguous int32 CPU tensor")

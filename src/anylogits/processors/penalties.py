@@ -1,43 +1,22 @@
-"""Penalties on tokens the sequence already holds."""
+"""Penalties on tokens the sequence already holds: :class:`RepetitionPenalty` (CTRL's,
+prompt included), :class:`PresencePenalty` and :class:`FrequencyPenalty` (OpenAI's, on
+generated tokens only).
+
+Oracles: transformers ``RepetitionPenaltyLogitsProcessor`` (mlx-lm and llama.cpp with a
+window); vLLM ``apply_penalties`` for presence and frequency.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
-from anylogits.processors._checks import int_at_least, positive_float
-from anylogits.processors.sampling import opmath, row_values
-
-
-def history_within(
-    batch: Batch, width: int, last: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``(B, L)`` history with every id usable as a column of ``width`` logits; with
-    ``last``, only each row's last ``last`` tokens (``(B, min(L, last))``).
-
-    Padding and ids ``>= width`` (models whose embedding is wider than their LM head) are
-    replaced by an id the same row already holds, so gathering / scattering them only
-    repeats work done for that id. Also returns which rows hold any usable id (``None``
-    when all do); rows that hold none must be left unchanged.
-    """
-    ids = batch.token_ids
-    lengths = batch.lengths.to(ids.device)
-    if last is not None and ids.shape[1] > last:
-        # Right-aligned: every row's last tokens share the last columns.
-        ids = ids[:, -last:]
-        lengths = lengths.clamp(max=last)
-    usable = ids < width
-    if lengths.min() < ids.shape[1]:
-        columns = torch.arange(ids.shape[1], device=ids.device)
-        usable &= columns >= (ids.shape[1] - lengths)[:, None]
-    if bool(usable.all()):
-        return ids, None
-    fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
-    return torch.where(usable, ids, fill.clamp(min=0)), (fill >= 0)
+from anylogits.processors._checks import finite_float, int_at_least, positive_float
+from anylogits.processors._ops import history_within, opmath, row_values
 
 
 class RepetitionPenalty(LogitsProcessor):
@@ -114,54 +93,143 @@ def _repetition_penalty(
     return logits.scatter_(1, ids, penalized)
 
 
-class NoRepeatNGram(LogitsProcessor):
-    """Forbid any token that would complete an n-gram the sequence already contains.
+class _RowwiseWithSequences(RowwiseProcessor):
+    """Stacked presence / frequency penalties: they read prompt lengths, so whatever runs
+    them must know which sequence each row is."""
 
-    Vectorized: every window of the history is compared with the last ``n - 1`` tokens
-    at once, so the cost is one ``(B, L, n)`` comparison instead of a Python loop.
+    needs_sequences = True
 
-    Oracle: transformers ``NoRepeatNGramLogitsProcessor`` (identical result; like it,
-    the prompt counts).
+
+def _output_tokens(
+    batch: Batch, width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The tokens each row generated after its prompt, as columns of ``width`` logits.
+
+    Returns ``(index, usable, has_any)``, or ``None`` when no row generated anything.
+    ``index`` is the ``(B, G)`` tail of the right-aligned history, ``G`` the longest
+    generation; prompt tokens, padding and ids ``>= width`` (no logit to penalize) are not
+    ``usable`` and are replaced by a usable id of the same row, so reading or writing them
+    repeats work done for that id. ``has_any`` (``(B, 1)``) marks rows holding a usable id.
+    """
+    generated = batch.generated_lengths
+    longest = int(generated.max()) if generated.numel() else 0
+    if longest <= 0:
+        return None
+    ids = batch.token_ids[:, -longest:].to(device)
+    columns = torch.arange(longest, device=device)
+    usable = (columns >= (longest - generated.to(device))[:, None]) & (ids < width)
+    fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
+    return torch.where(usable, ids, fill.clamp(min=0)), usable, fill >= 0
+
+
+def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+    found = _output_tokens(batch, logits.shape[-1], logits.device)
+    if found is None:
+        return logits
+    index, _, has_any = found
+    seen = logits.gather(1, index)
+    amount = opmath(penalty, logits)[:, None]
+    penalized = (seen.to(amount.dtype) - amount).to(seen.dtype)
+    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+
+
+def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+    found = _output_tokens(batch, logits.shape[-1], logits.device)
+    if found is None:
+        return logits
+    index, usable, has_any = found
+    # A (B, V + 1) table as vLLM builds it (unusable positions count in the extra column):
+    # one scatter, far cheaper than sorting the history on CPU.
+    width = logits.shape[-1]
+    table = torch.zeros(index.shape[0], width + 1, dtype=torch.int32, device=index.device)
+    counted = torch.where(usable, index, width)
+    counts = table.scatter_add_(1, counted, torch.ones_like(counted, dtype=torch.int32))
+    counts = counts.gather(1, index)
+    seen = logits.gather(1, index)
+    rate = opmath(penalty, logits)[:, None]
+    penalized = (seen.to(rate.dtype) - rate * counts.to(rate.dtype)).to(seen.dtype)
+    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
+
+
+class _OutputTokenPenalty(LogitsProcessor):
+    """What PresencePenalty and FrequencyPenalty share: one finite ``penalty`` per row,
+    applied to generated tokens by the subclass's ``_rows`` function."""
+
+    needs_sequences = True
+    _rows: Callable[..., torch.Tensor]
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = finite_float("penalty", penalty)
+        self._penalties = row_values([self.penalty])  # built once, not on every call
+
+    def config(self) -> dict[str, Any]:
+        return {"penalty": self.penalty}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return type(self)._rows(logits, batch, self._penalties)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+        return _RowwiseWithSequences(cls._rows, penalty=penalties)
+
+
+class PresencePenalty(_OutputTokenPenalty):
+    """Subtract ``penalty`` once from every token the sequence has generated so far.
+
+    OpenAI's ``presence_penalty``: only tokens generated after the prompt count, so the
+    prompt is never penalized. Arithmetic as vLLM's: the penalty is rounded to float32
+    (float64 for float64 logits) and subtracted in that precision.
+
+    Oracles: vLLM ``apply_penalties`` (identical); llama.cpp ``penalties`` sampler and
+    mlx-lm ``make_presence_penalty`` when they are given the generated tokens only and
+    their window covers them (llama.cpp's server and mlx-lm also count prompt tokens
+    inside their last-n window; see ``conformance_tests/test_oracles_penalties.py``).
 
     Args:
-        ngram_size: n, >= 1 (1 forbids every token already present).
+        penalty: any finite number (OpenAI accepts -2 to 2); > 0 discourages repeating
+            a token, < 0 encourages it, 0 is a no-op.
 
     Example:
         >>> import torch
-        >>> from anylogits import Pipeline, NoRepeatNGram
-        >>> history = torch.tensor([[5, 1, 2, 5]])  # "5 1" was seen: 1 may not follow 5
-        >>> Pipeline([NoRepeatNGram(2)])(torch.zeros(1, 6), history)
-        tensor([[0., -inf, 0., 0., 0., 0.]])
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.penalties import PresencePenalty
+        >>> pipeline = Pipeline([PresencePenalty(0.5)])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0]]))  # the prompt: not penalized
+        tensor([[0., 0., 0.]])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0, 1, 1]]))  # generated 1, 1
+        tensor([[ 0.0000, -0.5000,  0.0000]])
     """
 
-    spec_name = "no_repeat_ngram"
+    spec_name = "presence_penalty"
+    _rows = staticmethod(_presence_penalty)
 
-    def __init__(self, ngram_size: int) -> None:
-        self.ngram_size = int_at_least("ngram_size", ngram_size, 1, limit="ngram_size")
 
-    def config(self) -> dict[str, Any]:
-        return {"ngram_size": self.ngram_size}
+class FrequencyPenalty(_OutputTokenPenalty):
+    """Subtract ``penalty`` times the number of times each token was generated so far.
 
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        n = self.ngram_size
-        ids = batch.token_ids.to(logits.device)
-        width = ids.shape[1]
-        if width < n:
-            return logits
-        windows = ids.unfold(1, n, 1)  # (B, W, n), W = L - n + 1
-        matches = (windows[..., :-1] == ids[:, width - n + 1 :].unsqueeze(1)).all(-1)
-        if batch.lengths.min() < width:
-            # A window must lie inside the row, and the row must hold n - 1 tokens.
-            starts = torch.arange(windows.shape[1], device=ids.device)
-            row_starts = (width - batch.lengths.to(ids.device))[:, None]
-            inside = (starts >= row_starts) & (batch.lengths.to(ids.device) >= n)[:, None]
-            matches &= inside
-        followers = windows[..., -1]
-        if int(followers.max()) >= logits.shape[-1]:
-            # Ids beyond the logits (embedding wider than the LM head) cannot be banned.
-            matches &= followers < logits.shape[-1]
-            followers = followers.clamp(max=logits.shape[-1] - 1)
-        # amin with +inf leaves a logit alone, with -inf bans it; duplicates are harmless.
-        banned = torch.full(followers.shape, float("inf"), dtype=logits.dtype, device=ids.device)
-        banned.masked_fill_(matches, float("-inf"))
-        return logits.scatter_reduce_(1, followers, banned, reduce="amin")
+    OpenAI's ``frequency_penalty``: only tokens generated after the prompt count. As in
+    vLLM, ``penalty * count`` is computed in float32 (float64 for float64 logits) and
+    subtracted in that precision.
+
+    Oracles: vLLM ``apply_penalties`` (identical); llama.cpp ``penalties`` sampler
+    (identical when given the generated tokens only); mlx-lm ``make_frequency_penalty``
+    (it subtracts ``penalty`` once per occurrence, rounding each time: equal on values
+    that round exactly, within float32 rounding otherwise).
+
+    Args:
+        penalty: any finite number (OpenAI accepts -2 to 2); 0 is a no-op.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline
+        >>> from anylogits.processors.penalties import FrequencyPenalty
+        >>> pipeline = Pipeline([FrequencyPenalty(0.5)])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1]]))  # the prompt: not penalized
+        tensor([[0., 0., 0.]])
+        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1, 2, 0, 2]]))  # generated 2, 0, 2
+        tensor([[-0.5000,  0.0000, -1.0000]])
+    """
+
+    spec_name = "frequency_penalty"
+    _rows = staticmethod(_frequency_penalty)

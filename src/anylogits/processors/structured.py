@@ -19,7 +19,7 @@ from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._bitmask import apply_bitmask, pack_bits
-from anylogits.processors._grammar_engine import ENGINE, _llguidance
+from anylogits.processors._grammar_engine import ENGINE, load_llguidance
 from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
 
 
@@ -94,7 +94,9 @@ class Regex(_Grammar):
             raise ValueError(f"pattern must be a string, got {pattern!r}")
         check_text("pattern", pattern, "grammar_chars")
         self.pattern = pattern
-        self._set_grammar(_llguidance().LLMatcher.grammar_from_regex(pattern), f"regex {pattern!r}")
+        self._set_grammar(
+            load_llguidance().LLMatcher.grammar_from_regex(pattern), f"regex {pattern!r}"
+        )
 
     def config(self) -> dict[str, Any]:
         return {"pattern": self.pattern}
@@ -147,7 +149,7 @@ class JSONSchema(_Grammar):
         if not flexible_whitespace:
             layout.update(item_separator=", ", key_separator=": ")
         try:
-            grammar = _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=layout)
+            grammar = load_llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=layout)
         except ValueError as error:
             raise ValueError(f"JSONSchema: schema is not usable: {error}") from None
         self._set_grammar(grammar, "the JSON schema")
@@ -186,7 +188,7 @@ class Choice(_Grammar):
         self.choices = list(choices)
         alternatives = " | ".join(json.dumps(choice) for choice in self.choices)
         self._set_grammar(
-            _llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}"), "the choices"
+            load_llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}"), "the choices"
         )
 
     def config(self) -> dict[str, Any]:
@@ -219,7 +221,7 @@ class Grammar(_Grammar):
             raise ValueError(f"syntax must be 'lark' or 'gbnf', got {syntax!r}")
         self.text = grammar
         self.syntax = syntax
-        llguidance = _llguidance()
+        llguidance = load_llguidance()
         try:
             compiled = llguidance.grammar_from(syntax, grammar)
         except ValueError as error:

@@ -17,7 +17,7 @@ from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, int_at_least, token_id_list
 from anylogits.processors._checks import probability as checked_probability
-from anylogits.processors.sampling import keep_only
+from anylogits.processors._ops import keep_only
 
 _MASK64 = (1 << 64) - 1
 # Two polynomial hashes modulo the prime 2**31 - 1: a prompt hashes in a few vectorized

@@ -1,51 +1,12 @@
-"""Phrase and answer control after NVIDIA's logits-processor-zoo.
+"""Forcing: leave only chosen tokens possible. A phrase at the start of the answer
+(:class:`ForceSequence`), after a trigger (:class:`TriggerPhrase`) or before the end
+(:class:`ForceLastPhrase`); one of a question's choice labels (:class:`MultipleChoice`).
 
-Force a phrase at the start of the answer (:class:`ForceSequence`), after a trigger
-(:class:`TriggerPhrase`) or before the end (:class:`ForceLastPhrase`); push the EOS
-token up or down with the answer's length (:class:`GenLength`); favour the prompt's
-tokens (:class:`CiteFromPrompt`); answer with one of a question's choice labels
-(:class:`MultipleChoice`).
-
-The zoo's transformers processors are the oracles. Where they differ from ours, on
-purpose:
-
-* **Sequences, not rows.** The zoo keeps its counters in tensors indexed by batch row
-  and resets them when a call does not extend the previous one, so beam search, row
-  moves, draft rollbacks and resumed sequences break them. Ours keep per-sequence state
-  (``init_state`` / ``advance``), so each row gets its own sequence's state wherever it
-  sits; each row also counts its own generated length (the zoo uses one for the batch).
-  Where the zoo decides from the logits to start a phrase (the model's top choice is
-  EOS or the trigger), the decision is kept under a hash of the row's tokens, where
-  ``advance`` finds it (see :class:`_PhraseOnTrigger`).
-* **Forcing is strict by default.** The zoo's ``enforce_tokens`` raises the forced tokens
-  to the row maximum and drops the rest to the row minimum: greedy decoding follows,
-  sampling may not (with 128k tokens, a row whose range is below ~12 nats still puts
-  most mass elsewhere). ``strict=True`` (default) sets every other token to ``-inf`` and
-  leaves the forced logits as they are; ``strict=False`` is the zoo's arithmetic, bit for
-  bit.
-* **Text.** Phrases given as text are encoded with the bound vocabulary's tokenizer, no
-  special tokens (the zoo's ``tokenizer.encode(..., add_special_tokens=False)``). Text
-  standing for one token (a trigger, a choice label, a delimiter, a boost token) must
-  encode to one token, a leading BOS or whitespace-only token tolerated; the zoo takes
-  the last token of up to two. Token ids are accepted everywhere text is.
-* **Dropped parameters.** ``tokenizer`` and ``batch_size`` (the bound vocabulary and the
-  batch replace them) and ``TriggerPhrase``'s ``trigger_time``: a wall-clock trigger makes
-  a sequence's output depend on when it ran, so it could not be replayed or resumed.
-  The per-class notes list the rest.
-
-Classifier-free guidance is not implemented, on any backend. CFG mixes the logits of
-the prompt with those of a second, unconditional (or negative) context:
-``uncond + scale * (cond - uncond)`` in log-softmax space. The mixing is trivial; the
-unconditional logits are not: they need a second model forward per step, over a second
-KV cache that must follow every sequence. A logits hook on vLLM, llama.cpp or MLX is
-handed logits and token ids, never the model, so it cannot make that forward. transformers'
-``UnbatchedClassifierFreeGuidanceLogitsProcessor`` does it by calling the model from
-inside the hook, with one cache for the whole batch that assumes rows never move (beam
-search and speculative decoding break it), and ``generate(guidance_scale=...)`` already
-exposes it. A transformers-only copy would add nothing that ``guidance_scale`` lacks,
-could not travel as a spec (a model is not JSON), and would break the promise that a
-catalogue processor runs on every backend. CFG belongs in the engine, which owns the
-forward passes.
+Oracles: NVIDIA's logits-processor-zoo ``TriggerPhraseLogitsProcessor``,
+``ForceLastPhraseLogitsProcessor``, ``MultipleChoiceLogitsProcessor`` (with
+``strict=False``). How and why ours differ from the zoo (per-sequence state, strict
+forcing, text, dropped parameters) and why classifier-free guidance is not in the
+catalogue: docs/design-notes.md.
 """
 
 from __future__ import annotations
@@ -58,17 +19,44 @@ from anylogits.core.batch import Batch
 from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._checks import boolean, finite_float, int_at_least
-from anylogits.processors._forcing import (
+from anylogits.processors._checks import (
     TextOrIds,
     as_config,
+    boolean,
     encode,
-    force,
+    finite_float,
+    int_at_least,
     single_token,
     text_or_ids,
     token_or_text,
 )
-from anylogits.processors.control import _eos_columns, _eos_ids, _no_eos, _TokenColumns
+from anylogits.processors._ops import TokenColumns, eos_columns, eos_ids, no_eos
+
+
+def force(
+    logits: torch.Tensor, columns: torch.Tensor, strict: bool, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Leave only ``columns`` (``(R, K)``, one line per forced row) possible, in place.
+
+    Args:
+        logits: ``(B, V)``.
+        columns: the allowed token ids of each forced row.
+        strict: ``-inf`` for every other token; else the zoo's ``enforce_tokens``.
+        rows: ``(R,)`` the forced rows; ``None`` means every row (``R == B``).
+    """
+    part = logits if rows is None else logits.index_select(0, rows)
+    chosen = part.gather(1, columns)
+    if strict:
+        part.fill_(float("-inf"))
+    else:
+        # The zoo's operations, in its order and dtype, so results are bit-identical.
+        gap = part.amax(1) - chosen.amin(1)
+        chosen += gap[:, None]
+        part.copy_(part.amin(1, keepdim=True).expand_as(part))
+    part.scatter_(1, columns, chosen)
+    if rows is not None:
+        logits.index_copy_(0, rows, part)
+    return logits
 
 
 class ForceSequence(LogitsProcessor):
@@ -92,7 +80,7 @@ class ForceSequence(LogitsProcessor):
     Example:
         >>> import torch
         >>> from anylogits import Pipeline
-        >>> from anylogits.processors.phrases import ForceSequence
+        >>> from anylogits.processors.forcing import ForceSequence
         >>> pipeline = Pipeline([ForceSequence([2, 0])])
         >>> pipeline(torch.zeros(1, 3), torch.tensor([[1]]))  # first call: the prompt
         tensor([[-inf, -inf, 0.]])
@@ -108,14 +96,14 @@ class ForceSequence(LogitsProcessor):
     def __init__(self, phrase: TextOrIds, strict: bool = True) -> None:
         self.phrase = text_or_ids("phrase", phrase)
         self.strict = boolean("strict", strict)
-        self._columns: _TokenColumns | None = None
+        self._columns: TokenColumns | None = None
 
     def config(self) -> dict[str, Any]:
         return {"phrase": as_config(self.phrase), "strict": self.strict}
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
-        self._columns = _TokenColumns(
+        self._columns = TokenColumns(
             "phrase", encode("ForceSequence", "phrase", self.phrase, vocab)
         )
 
@@ -167,15 +155,15 @@ class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
         self._count = count
         self._replaces = replaces
         self._phrase_ids: tuple[int, ...] = ()
-        self._phrase_columns: _TokenColumns | None = None
-        self._trigger_columns = _TokenColumns("trigger", ())
+        self._phrase_columns: TokenColumns | None = None
+        self._trigger_columns = TokenColumns("trigger", ())
         self._trigger_key: bytes | tuple[int, ...] = b""
         self._tokens: tuple[bytes, ...] = ()
         self._top_was_trigger: dict[int, bool] = {}
 
     def _bind_phrase(self, vocab: Vocabulary | None) -> None:
         self._phrase_ids = encode(self.owner, "phrase", self._phrase, vocab)
-        self._phrase_columns = _TokenColumns("phrase", self._phrase_ids)
+        self._phrase_columns = TokenColumns("phrase", self._phrase_ids)
         self._top_was_trigger.clear()  # decisions of another model's logits
 
     def init_state(self, prompt_ids: torch.Tensor) -> _Forcing:
@@ -242,7 +230,7 @@ class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
         forced = phrase[position.clamp(min=0)]
         if any(watching):
             if not self._trigger_columns.ids:
-                raise _no_eos(self.owner)
+                raise no_eos(self.owner)
             starts = torch.isin(logits.argmax(1), self._trigger_columns.on(logits))
             starts &= torch.tensor(watching, device=logits.device)
             for state, watched, started in zip(states, watching, starts.tolist(), strict=True):
@@ -274,7 +262,7 @@ class TriggerPhrase(_PhraseOnTrigger):
     fires when the trigger is the model's top choice, ours when it is generated (the
     same token under greedy decoding, not under sampling); the zoo takes one trigger
     token, ours any text or id sequence in that mode; ``trigger_time`` is not supported
-    (see the module notes).
+    (see docs/design-notes.md).
 
     Args:
         trigger: text or token ids (one token when ``trigger_after`` is False).
@@ -286,7 +274,7 @@ class TriggerPhrase(_PhraseOnTrigger):
     Example:
         >>> import torch
         >>> from anylogits import Pipeline
-        >>> from anylogits.processors.phrases import TriggerPhrase
+        >>> from anylogits.processors.forcing import TriggerPhrase
         >>> pipeline = Pipeline([TriggerPhrase([1], [3, 0])])
         >>> pipeline(torch.tensor([[0.0, 5.0, 0.0, 0.0]]), torch.tensor([[2]]))  # wants 1
         tensor([[-inf, -inf, -inf, 0.]])
@@ -333,7 +321,7 @@ class TriggerPhrase(_PhraseOnTrigger):
         if self._replaces:
             one = trigger if isinstance(trigger, str) else trigger[0]
             token_id = single_token(self.owner, "trigger", one, vocab)
-            self._trigger_columns = _TokenColumns("trigger", (token_id,))
+            self._trigger_columns = TokenColumns("trigger", (token_id,))
         elif isinstance(trigger, str):
             if vocab is None:
                 raise ValueError(
@@ -368,7 +356,7 @@ class ForceLastPhrase(_PhraseOnTrigger):
     Example:
         >>> import torch
         >>> from anylogits import Pipeline
-        >>> from anylogits.processors.phrases import ForceLastPhrase
+        >>> from anylogits.processors.forcing import ForceLastPhrase
         >>> pipeline = Pipeline([ForceLastPhrase([1, 2], eos_token_id=3)])
         >>> pipeline(torch.tensor([[0.0, 0.0, 0.0, 9.0]]), torch.tensor([[0]]))  # wants EOS
         tensor([[-inf, 0., -inf, -inf]])
@@ -388,7 +376,7 @@ class ForceLastPhrase(_PhraseOnTrigger):
         strict: bool = True,
     ) -> None:
         self.phrase = text_or_ids("phrase", phrase)
-        self.eos_token_id = _eos_ids(eos_token_id)
+        self.eos_token_id = eos_ids(eos_token_id)
         self.strict = boolean("strict", strict)
         self._setup(self.phrase, 1, replaces=True)
 
@@ -399,232 +387,7 @@ class ForceLastPhrase(_PhraseOnTrigger):
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
         self._bind_phrase(vocab)
-        self._trigger_columns = _eos_columns(self.owner, self.eos_token_id, vocab)
-
-
-class _LengthState(NamedTuple):
-    boost_token_seen: bool  # a boosted token was generated: the boost stops
-    ends_sentence: bool  # the last token ends a sentence (for complete_sentences)
-
-
-_LENGTH_STATES = {
-    (seen, ends): _LengthState(seen, ends) for seen in (False, True) for ends in (False, True)
-}
-
-
-class GenLength(StatefulLogitsProcessor[_LengthState]):
-    """Raise (or lower) EOS with the answer's length: ``+ boost_factor * (n / 10) ** p``.
-
-    ``n`` is the number of generated tokens of the row. The boost applies until a boosted
-    token has been generated, and with ``complete_sentences`` only right after a token
-    that ends a sentence (the last token of ``"It is a sentence."`` or of
-    ``"It is a new line\\n"`` in the model's tokenizer, as the zoo picks them).
-
-    Oracle: logits-processor-zoo ``GenLengthLogitsProcessor`` (identical result; like it,
-    the boost is rounded to float32 before it is added, for any logits dtype).
-    Differences: ``n`` is per row (the zoo uses one count for the batch); "a boosted
-    token was generated" looks at generated tokens only (the zoo looks at the whole row
-    before the first generated token, which matters only with ``p = 0``); ``boost_token``
-    (the zoo's ``boost_token_str``) also takes a token id; without it every EOS id of the
-    vocabulary is boosted (the zoo boosts the tokenizer's one).
-
-    Args:
-        boost_factor: finite; positive shortens answers, negative lengthens them (the zoo
-            suggests [-1, 1]).
-        p: the power of the length, an integer >= 0.
-        complete_sentences: boost only after a sentence-ending token.
-        boost_token: the token to boost instead of EOS (e.g. ``"</think>"``), as one
-            token's text or id.
-
-    Example:
-        >>> import torch
-        >>> from anylogits import Pipeline
-        >>> from anylogits.processors.phrases import GenLength
-        >>> pipeline = Pipeline([GenLength(1.0, boost_token=2)])
-        >>> _ = pipeline(torch.zeros(1, 3), torch.tensor([[0]]))  # the prompt
-        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0] + [1] * 20]))  # 20 generated
-        tensor([[0., 0., 4.]])
-    """
-
-    spec_name = "gen_length"
-
-    def __init__(
-        self,
-        boost_factor: float,
-        p: int = 2,
-        complete_sentences: bool = False,
-        boost_token: int | str | None = None,
-    ) -> None:
-        self.boost_factor = finite_float("boost_factor", boost_factor)
-        self.p = int_at_least("p", p, 0)
-        self.complete_sentences = boolean("complete_sentences", complete_sentences)
-        self.boost_token = (
-            None if boost_token is None else token_or_text("boost_token", boost_token)
-        )
-        self._boosted = _TokenColumns("boost_token", ())
-        self._sentence_ends: frozenset[int] = frozenset()
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "boost_factor": self.boost_factor,
-            "p": self.p,
-            "complete_sentences": self.complete_sentences,
-            "boost_token": self.boost_token,
-        }
-
-    def bind(self, vocab: Vocabulary | None) -> None:
-        super().bind(vocab)
-        if self.boost_token is not None:
-            boosted = (single_token("GenLength", "boost_token", self.boost_token, vocab),)
-        else:
-            boosted = tuple(sorted(vocab.eos_token_ids)) if vocab is not None else ()
-            if vocab is not None and not boosted:
-                raise ValueError("GenLength: the vocabulary has no EOS id; pass boost_token")
-        self._boosted = _TokenColumns("boost_token", boosted)
-        if self.complete_sentences:
-            self._sentence_ends = frozenset(
-                encode("GenLength", "the sentence-end probe", text, vocab)[-1]
-                for text in ("It is a sentence.", "It is a new line\n")
-            )
-
-    def init_state(self, prompt_ids: torch.Tensor) -> _LengthState:
-        ends = int(prompt_ids[-1]) in self._sentence_ends if prompt_ids.numel() else False
-        return _LENGTH_STATES[False, ends]
-
-    def advance(self, state: _LengthState, token_id: int) -> _LengthState:
-        seen = state.boost_token_seen or token_id in self._boosted.ids
-        return _LENGTH_STATES[seen, token_id in self._sentence_ends]
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        if not self._boosted.ids:
-            raise _no_eos("GenLength")
-        states = batch.states(self)
-        counts = batch.generated_lengths.tolist()
-        # Exact integer powers in Python, as the zoo computes them (float pow may round),
-        # times "enabled" as a 0/1 factor (also as the zoo: a disabled row adds a signed 0).
-        scale = 10**self.p
-        boosts = [
-            (not state.boost_token_seen and (state.ends_sentence or not self.complete_sentences))
-            * (self.boost_factor * count**self.p / scale)
-            for state, count in zip(states, counts, strict=True)
-        ]
-        boost = torch.tensor(boosts, dtype=torch.float32, device=logits.device)
-        columns = self._boosted.on(logits)  # distinct ids: one add per cell
-        logits[:, columns] += boost[:, None]
-        return logits
-
-
-class _PromptTokens(NamedTuple):
-    boosted: torch.Tensor  # distinct prompt ids (and EOS ids when boosted), int64
-    followers: dict[int, torch.Tensor]  # prompt id -> distinct ids that follow it
-    last_token: int | None  # the last generated token, None before the first
-
-
-class CiteFromPrompt(StatefulLogitsProcessor[_PromptTokens]):
-    """Add ``boost_factor`` to every token of the prompt (negative: avoid them).
-
-    With ``conditional_boost_factor``, once a token has been generated, the tokens that
-    follow it somewhere in the prompt also get that boost, so quotes continue as written.
-
-    Oracle: logits-processor-zoo ``CiteFromPromptLogitsProcessor`` (identical result on
-    unpadded prompts). Differences: the zoo reads the prompt as the first call's
-    left-padded ``input_ids``, so in a padded batch it also boosts the pad id; ours reads
-    each sequence's own prompt. Any of several EOS ids is boosted (the zoo boosts one).
-
-    Args:
-        boost_factor: finite, added to each prompt token's logit.
-        boost_eos: also boost the EOS id(s).
-        conditional_boost_factor: finite, added to the prompt tokens that follow the last
-            generated token in the prompt; 0 turns it off.
-        eos_token_id: the EOS id(s) for ``boost_eos``; defaults to the bound vocabulary's.
-
-    Example:
-        >>> import torch
-        >>> from anylogits import Pipeline
-        >>> from anylogits.processors.phrases import CiteFromPrompt
-        >>> pipeline = Pipeline([CiteFromPrompt(2.0, boost_eos=False)])
-        >>> pipeline(torch.zeros(1, 5), torch.tensor([[1, 3, 1]]))  # the prompt
-        tensor([[0., 2., 0., 2., 0.]])
-    """
-
-    spec_name = "cite_from_prompt"
-
-    def __init__(
-        self,
-        boost_factor: float = 1.0,
-        boost_eos: bool = True,
-        conditional_boost_factor: float = 0.0,
-        eos_token_id: int | list[int] | None = None,
-    ) -> None:
-        self.boost_factor = finite_float("boost_factor", boost_factor)
-        self.boost_eos = boolean("boost_eos", boost_eos)
-        self.conditional_boost_factor = finite_float(
-            "conditional_boost_factor", conditional_boost_factor
-        )
-        self.eos_token_id = _eos_ids(eos_token_id)
-        self._eos = self.eos_token_id or ()
-
-    def config(self) -> dict[str, Any]:
-        eos = None if self.eos_token_id is None else list(self.eos_token_id)
-        return {
-            "boost_factor": self.boost_factor,
-            "boost_eos": self.boost_eos,
-            "conditional_boost_factor": self.conditional_boost_factor,
-            "eos_token_id": eos,
-        }
-
-    def bind(self, vocab: Vocabulary | None) -> None:
-        super().bind(vocab)
-        if self.boost_eos:
-            self._eos = _eos_columns("CiteFromPrompt", self.eos_token_id, vocab).ids
-
-    def init_state(self, prompt_ids: torch.Tensor) -> _PromptTokens:
-        if self.boost_eos and not self._eos:
-            raise _no_eos("CiteFromPrompt")
-        prompt = prompt_ids.to("cpu", torch.int64)
-        eos = torch.tensor(self._eos if self.boost_eos else (), dtype=torch.int64)
-        boosted = torch.unique(torch.cat([prompt, eos]))
-        followers: dict[int, torch.Tensor] = {}
-        if self.conditional_boost_factor != 0 and prompt.numel() > 1:
-            pairs = torch.unique(torch.stack([prompt[:-1], prompt[1:]], 1), dim=0)
-            leaders, counts = torch.unique_consecutive(pairs[:, 0], return_counts=True)
-            split = torch.split(pairs[:, 1], counts.tolist())
-            followers = dict(zip(leaders.tolist(), split, strict=True))
-        return _PromptTokens(boosted, followers, None)
-
-    def advance(self, state: _PromptTokens, token_id: int) -> _PromptTokens:
-        return state._replace(last_token=token_id)
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        states = batch.states(self)
-        _add_per_row(logits, [state.boosted for state in states], self.boost_factor)
-        if self.conditional_boost_factor != 0:
-            nothing = states[0].boosted[:0]
-            followers = [
-                nothing if state.last_token is None else state.followers.get(state.last_token)
-                for state in states
-            ]
-            _add_per_row(
-                logits,
-                [nothing if ids is None else ids for ids in followers],
-                self.conditional_boost_factor,
-            )
-        return logits
-
-
-def _add_per_row(logits: torch.Tensor, ids_per_row: list[torch.Tensor], value: float) -> None:
-    """Add ``value`` to row ``b``'s distinct ``ids_per_row[b]`` (ids past the row skipped),
-    with the zoo's ``scores[i, ids] += value`` arithmetic."""
-    counts = torch.tensor([ids.numel() for ids in ids_per_row])
-    if not int(counts.sum()):
-        return
-    columns = torch.cat(ids_per_row).to(logits.device)
-    rows = torch.repeat_interleave(torch.arange(len(ids_per_row)), counts).to(logits.device)
-    inside = columns < logits.shape[1]
-    index = (rows[inside], columns[inside])
-    values = logits[index]
-    values += value
-    logits[index] = values
+        self._trigger_columns = eos_columns(self.owner, self.eos_token_id, vocab)
 
 
 class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
@@ -654,7 +417,7 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
     Example:
         >>> import torch
         >>> from anylogits import Pipeline
-        >>> from anylogits.processors.phrases import MultipleChoice
+        >>> from anylogits.processors.forcing import MultipleChoice
         >>> pipeline = Pipeline([MultipleChoice([1, 3])])
         >>> pipeline(torch.tensor([[4.0, 1.0, 3.0, 2.0]]), torch.tensor([[0]]))
         tensor([[-inf, 1., -inf, 2.]])
@@ -680,7 +443,7 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
         self.delimiter = token_or_text("delimiter", delimiter)
         self.boost_first_words = finite_float("boost_first_words", boost_first_words)
         self.strict = boolean("strict", strict)
-        self._columns: _TokenColumns | None = None
+        self._columns: TokenColumns | None = None
         self._delimiter_id = -1
         self._newline: torch.Tensor | None = None
 
@@ -700,7 +463,7 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
         ]
         if len(set(ids)) != len(ids):
             raise ValueError(f"MultipleChoice: two choices are the same token: {ids}")
-        self._columns = _TokenColumns("choices", ids)
+        self._columns = TokenColumns("choices", ids)
         if self.boost_first_words:
             if vocab is None:
                 raise ValueError(

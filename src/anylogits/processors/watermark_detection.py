@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors.watermark import (
+from anylogits.processors._greenlist import (
     GREENLISTS,
     check_watermark_parameters,
     greenlist_size,

@@ -1,12 +1,16 @@
-"""Penalties on what the sequence repeats: OpenAI's presence and frequency penalties on
-generated tokens, and DRY ("don't repeat yourself") on repeated token sequences."""
+"""DRY ("don't repeat yourself"): penalize a token that would extend a repeat of an
+earlier part of the sequence, exponentially in the repeat's length, with sequence
+breakers resolved on the vocabulary's bytes.
+
+Oracle: llama.cpp's ``dry`` sampler.
+"""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,150 +21,7 @@ from anylogits.core.cache import LeastRecentlyUsed
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
-from anylogits.processors.sampling import opmath, row_values
-
-
-class _RowwiseWithSequences(RowwiseProcessor):
-    """Stacked presence / frequency penalties: they read prompt lengths, so whatever runs
-    them must know which sequence each row is."""
-
-    needs_sequences = True
-
-
-def _output_tokens(
-    batch: Batch, width: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The tokens each row generated after its prompt, as columns of ``width`` logits.
-
-    Returns ``(index, usable, has_any)``, or ``None`` when no row generated anything.
-    ``index`` is the ``(B, G)`` tail of the right-aligned history, ``G`` the longest
-    generation; prompt tokens, padding and ids ``>= width`` (no logit to penalize) are not
-    ``usable`` and are replaced by a usable id of the same row, so reading or writing them
-    repeats work done for that id. ``has_any`` (``(B, 1)``) marks rows holding a usable id.
-    """
-    generated = batch.generated_lengths
-    longest = int(generated.max()) if generated.numel() else 0
-    if longest <= 0:
-        return None
-    ids = batch.token_ids[:, -longest:].to(device)
-    columns = torch.arange(longest, device=device)
-    usable = (columns >= (longest - generated.to(device))[:, None]) & (ids < width)
-    fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
-    return torch.where(usable, ids, fill.clamp(min=0)), usable, fill >= 0
-
-
-def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
-    found = _output_tokens(batch, logits.shape[-1], logits.device)
-    if found is None:
-        return logits
-    index, _, has_any = found
-    seen = logits.gather(1, index)
-    amount = opmath(penalty, logits)[:, None]
-    penalized = (seen.to(amount.dtype) - amount).to(seen.dtype)
-    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
-
-
-def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
-    found = _output_tokens(batch, logits.shape[-1], logits.device)
-    if found is None:
-        return logits
-    index, usable, has_any = found
-    # A (B, V + 1) table as vLLM builds it (unusable positions count in the extra column):
-    # one scatter, far cheaper than sorting the history on CPU.
-    width = logits.shape[-1]
-    table = torch.zeros(index.shape[0], width + 1, dtype=torch.int32, device=index.device)
-    counted = torch.where(usable, index, width)
-    counts = table.scatter_add_(1, counted, torch.ones_like(counted, dtype=torch.int32))
-    counts = counts.gather(1, index)
-    seen = logits.gather(1, index)
-    rate = opmath(penalty, logits)[:, None]
-    penalized = (seen.to(rate.dtype) - rate * counts.to(rate.dtype)).to(seen.dtype)
-    return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
-
-
-class _OutputTokenPenalty(LogitsProcessor):
-    """What PresencePenalty and FrequencyPenalty share: one finite ``penalty`` per row,
-    applied to generated tokens by the subclass's ``_rows`` function."""
-
-    needs_sequences = True
-    _rows: Callable[..., torch.Tensor]
-
-    def __init__(self, penalty: float) -> None:
-        self.penalty = finite_float("penalty", penalty)
-        self._penalties = row_values([self.penalty])  # built once, not on every call
-
-    def config(self) -> dict[str, Any]:
-        return {"penalty": self.penalty}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return type(self)._rows(logits, batch, self._penalties)
-
-    @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
-        return _RowwiseWithSequences(cls._rows, penalty=penalties)
-
-
-class PresencePenalty(_OutputTokenPenalty):
-    """Subtract ``penalty`` once from every token the sequence has generated so far.
-
-    OpenAI's ``presence_penalty``: only tokens generated after the prompt count, so the
-    prompt is never penalized. Arithmetic as vLLM's: the penalty is rounded to float32
-    (float64 for float64 logits) and subtracted in that precision.
-
-    Oracles: vLLM ``apply_penalties`` (identical); llama.cpp ``penalties`` sampler and
-    mlx-lm ``make_presence_penalty`` when they are given the generated tokens only and
-    their window covers them (llama.cpp's server and mlx-lm also count prompt tokens
-    inside their last-n window; see ``conformance_tests/test_oracles_penalties.py``).
-
-    Args:
-        penalty: any finite number (OpenAI accepts -2 to 2); > 0 discourages repeating
-            a token, < 0 encourages it, 0 is a no-op.
-
-    Example:
-        >>> import torch
-        >>> from anylogits import Pipeline
-        >>> from anylogits.processors.occurrence_penalties import PresencePenalty
-        >>> pipeline = Pipeline([PresencePenalty(0.5)])
-        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0]]))  # the prompt: not penalized
-        tensor([[0., 0., 0.]])
-        >>> pipeline(torch.zeros(1, 3), torch.tensor([[0, 1, 1]]))  # generated 1, 1
-        tensor([[ 0.0000, -0.5000,  0.0000]])
-    """
-
-    spec_name = "presence_penalty"
-    _rows = staticmethod(_presence_penalty)
-
-
-class FrequencyPenalty(_OutputTokenPenalty):
-    """Subtract ``penalty`` times the number of times each token was generated so far.
-
-    OpenAI's ``frequency_penalty``: only tokens generated after the prompt count. As in
-    vLLM, ``penalty * count`` is computed in float32 (float64 for float64 logits) and
-    subtracted in that precision.
-
-    Oracles: vLLM ``apply_penalties`` (identical); llama.cpp ``penalties`` sampler
-    (identical when given the generated tokens only); mlx-lm ``make_frequency_penalty``
-    (it subtracts ``penalty`` once per occurrence, rounding each time: equal on values
-    that round exactly, within float32 rounding otherwise).
-
-    Args:
-        penalty: any finite number (OpenAI accepts -2 to 2); 0 is a no-op.
-
-    Example:
-        >>> import torch
-        >>> from anylogits import Pipeline
-        >>> from anylogits.processors.occurrence_penalties import FrequencyPenalty
-        >>> pipeline = Pipeline([FrequencyPenalty(0.5)])
-        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1]]))  # the prompt: not penalized
-        tensor([[0., 0., 0.]])
-        >>> pipeline(torch.zeros(1, 3), torch.tensor([[1, 2, 0, 2]]))  # generated 2, 0, 2
-        tensor([[-0.5000,  0.0000, -1.0000]])
-    """
-
-    spec_name = "frequency_penalty"
-    _rows = staticmethod(_frequency_penalty)
-
+from anylogits.processors._ops import opmath, row_values
 
 # llama.cpp's limits on sequence breakers (llama_sampler_init_dry): the text is cut to 40
 # bytes and the tokens that follow a breaker's first token to 20.
@@ -227,7 +88,7 @@ class DRY(LogitsProcessor):
     Example:
         >>> import torch
         >>> from anylogits import Pipeline, Vocabulary
-        >>> from anylogits.processors.occurrence_penalties import DRY
+        >>> from anylogits.processors.dry import DRY
         >>> vocab = Vocabulary((b"a", b"b", b"c", b"\\n"))
         >>> history = torch.tensor([[0, 1, 2, 0, 1]])  # "abcab": "c" would repeat "abc"
         >>> Pipeline([DRY(0.8)], vocab)(torch.zeros(1, 4), history)
@@ -405,8 +266,8 @@ class _PieceIndex:
     """One vocabulary's token bytes, indexed for breaker lookups: every piece in one
     string (to find those that contain a needle, by ``bytes.find`` in C) and the reversed
     pieces sorted (those that end with a given prefix form one run, found by bisection).
-    Built once per vocabulary (~0.1 s at 128k tokens), so resolving one breaker reads only
-    the pieces it matches rather than the whole vocabulary in Python."""
+    Built once per vocabulary, so resolving one breaker reads only the pieces it matches
+    rather than the whole vocabulary in Python."""
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
         self.joined = b"".join(pieces)

@@ -1,0 +1,202 @@
+"""Tensor helpers shared by the processor modules: masking, per-row parameters, token
+columns, EOS ids and token sequences matched against the history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.vocab import Vocabulary
+from anylogits.processors._checks import ids_within, token_id_list
+
+
+def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Set ``logits`` to ``-inf`` where ``keep`` is False, in place.
+
+    ``torch.where`` into the same tensor: a boolean ``masked_fill_`` is several times
+    slower on CPU for scattered masks.
+    """
+    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    return torch.where(keep, logits, minus_inf, out=logits)
+
+
+def row_values(values: Sequence[float]) -> torch.Tensor:
+    """Per-row Python floats as a float64 tensor (see :func:`opmath`)."""
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def opmath(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-row floats in the precision torch computes ``logits`` op a Python float in:
+    float64 for float64 logits, float32 otherwise (half types compute in float32)."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return values.to(device=logits.device, dtype=dtype)
+
+
+def divide_rows(logits: torch.Tensor, batch: Batch, divisors: torch.Tensor) -> torch.Tensor:
+    """Row ``i`` divided by ``divisors[i]``, bit for bit as ``row.div_(float)``."""
+    divisors = opmath(divisors, logits)[:, None]
+    if logits.dtype == divisors.dtype:
+        return logits.div_(divisors)
+    return logits.copy_(logits.to(divisors.dtype) / divisors)
+
+
+def history_within(
+    batch: Batch, width: int, last: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``(B, L)`` history with every id usable as a column of ``width`` logits; with
+    ``last``, only each row's last ``last`` tokens (``(B, min(L, last))``).
+
+    Padding and ids ``>= width`` (models whose embedding is wider than their LM head) are
+    replaced by an id the same row already holds, so gathering / scattering them only
+    repeats work done for that id. Also returns which rows hold any usable id (``None``
+    when all do); rows that hold none must be left unchanged.
+    """
+    ids = batch.token_ids
+    lengths = batch.lengths.to(ids.device)
+    if last is not None and ids.shape[1] > last:
+        # Right-aligned: every row's last tokens share the last columns.
+        ids = ids[:, -last:]
+        lengths = lengths.clamp(max=last)
+    usable = ids < width
+    if lengths.min() < ids.shape[1]:
+        columns = torch.arange(ids.shape[1], device=ids.device)
+        usable &= columns >= (ids.shape[1] - lengths)[:, None]
+    if bool(usable.all()):
+        return ids, None
+    fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
+    return torch.where(usable, ids, fill.clamp(min=0)), (fill >= 0)
+
+
+class TokenColumns:
+    """Token ids as a tensor per device, checked against the logits width once."""
+
+    def __init__(self, name: str, ids: tuple[int, ...]) -> None:
+        self.name = name
+        self.ids = ids
+        self._tensors: dict[torch.device, torch.Tensor] = {}
+        self._checked_width = -1
+
+    def on(self, logits: torch.Tensor) -> torch.Tensor:
+        width = logits.shape[-1]
+        if width != self._checked_width:
+            ids_within(self.name, self.ids, width, "logits row")
+            self._checked_width = width
+        tensor = self._tensors.get(logits.device)
+        if tensor is None:
+            tensor = torch.tensor(self.ids, dtype=torch.int64, device=logits.device)
+            self._tensors[logits.device] = tensor
+        return tensor
+
+
+def eos_ids(eos_token_id: int | list[int] | None) -> tuple[int, ...] | None:
+    if eos_token_id is None:
+        return None
+    if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
+        return token_id_list("eos_token_id", [eos_token_id])
+    return token_id_list("eos_token_id", eos_token_id)
+
+
+def eos_columns(owner: str, eos: tuple[int, ...] | None, vocab: Vocabulary | None) -> TokenColumns:
+    """EOS columns from ``eos`` or, when it is ``None``, from the bound vocabulary."""
+    if eos is not None:
+        if vocab is not None:
+            ids_within("eos_token_id", eos, vocab.size, "vocabulary")
+        return TokenColumns("eos_token_id", eos)
+    if vocab is None:
+        return TokenColumns("eos_token_id", ())
+    if not vocab.eos_token_ids:
+        raise ValueError(f"{owner}: the vocabulary has no EOS id; pass eos_token_id")
+    return TokenColumns("eos_token_id", tuple(sorted(vocab.eos_token_ids)))
+
+
+def no_eos(owner: str) -> ValueError:
+    return ValueError(
+        f"{owner} does not know the EOS id: pass eos_token_id=... or give the adapter the "
+        "model's tokenizer"
+    )
+
+
+def row_columns(ids_per_row: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``(row, column)`` index tensors of per-row token ids."""
+    rows = [row for row, ids in enumerate(ids_per_row) for _ in ids]
+    columns = [token_id for ids in ids_per_row for token_id in ids]
+    return torch.tensor(rows, dtype=torch.int64), torch.tensor(columns, dtype=torch.int64)
+
+
+def index_on_logits(logits: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> tuple:
+    """``(rows, columns)`` on the logits' device; ``ValueError`` for a column past the row."""
+    if columns.numel() and int(columns.max()) >= logits.shape[-1]:
+        raise ValueError(
+            f"token id {int(columns.max())} is outside the logits row of {logits.shape[-1]} ids"
+        )
+    return rows.to(logits.device), columns.to(logits.device)
+
+
+def add_rows(
+    logits: torch.Tensor,
+    batch: Batch,
+    rows: torch.Tensor,
+    columns: torch.Tensor,
+    values: torch.Tensor,
+) -> torch.Tensor:
+    index = index_on_logits(logits, rows, columns)
+    return logits.index_put_(index, values.to(logits.device, logits.dtype), accumulate=True)
+
+
+def suppress_rows(
+    logits: torch.Tensor, batch: Batch, rows: torch.Tensor, columns: torch.Tensor
+) -> torch.Tensor:
+    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    return logits.index_put_(index_on_logits(logits, rows, columns), minus_inf)
+
+
+class SequenceEnds:
+    """Token sequences, each matched against the end of every row's history at once.
+
+    A sequence of one token always applies. A longer one applies to its last token when
+    the history ends with the rest (its prefix). Prefixes are stored right-aligned in one
+    ``(N, P)`` tensor, so all of them are compared with the last ``P`` columns of the
+    history in a single ``(B, N, P)`` comparison.
+    """
+
+    def __init__(self, name: str, sequences: Sequence[tuple[int, ...]]) -> None:
+        self.single = [index for index, s in enumerate(sequences) if len(s) == 1]
+        self.longer = [index for index, s in enumerate(sequences) if len(s) > 1]
+        self.single_ids = TokenColumns(name, tuple(sequences[i][0] for i in self.single))
+        self.last_ids = TokenColumns(name, tuple(sequences[i][-1] for i in self.longer))
+        self.width = max((len(sequences[i]) - 1 for i in self.longer), default=0)
+        # -1 left of a shorter prefix marks "any token"; history ids are never negative.
+        self._prefixes = torch.tensor(
+            [
+                [-1] * (self.width + 1 - len(sequences[i])) + list(sequences[i][:-1])
+                for i in self.longer
+            ],
+            dtype=torch.int64,
+        ).reshape(len(self.longer), self.width)
+        self._prefix_lengths = torch.tensor(
+            [len(sequences[i]) - 1 for i in self.longer], dtype=torch.int64
+        )
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def completed_by_last(self, batch: Batch, device: torch.device) -> torch.Tensor:
+        """``(B, N)`` bool: row ``b``'s history ends with the prefix of longer sequence ``n``."""
+        prefixes, wildcard, prefix_lengths = self._tensors(device)
+        history = batch.token_ids
+        tail = history[:, max(history.shape[1] - self.width, 0) :].to(device)
+        if tail.shape[1] < self.width:
+            # A history shorter than a prefix cannot end with it: pad with an id never used.
+            tail = torch.nn.functional.pad(tail, (self.width - tail.shape[1], 0), value=-1)
+        equal = (tail[:, None, :] == prefixes) | wildcard
+        # Ragged rows: columns left of a row's start are padding, not tokens.
+        long_enough = batch.lengths.to(device)[:, None] >= prefix_lengths
+        return equal.all(dim=-1) & long_enough
+
+    def _tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cached = self._on_device.get(device)
+        if cached is None:
+            prefixes = self._prefixes.to(device)
+            cached = (prefixes, prefixes < 0, self._prefix_lengths.to(device))
+            self._on_device[device] = cached
+        return cached

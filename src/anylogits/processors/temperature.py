@@ -1,0 +1,49 @@
+"""Temperature: scale every logit of a row by one divisor.
+
+Oracle: transformers ``TemperatureLogitsWarper``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from anylogits.core.batch import Batch
+from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.processors._checks import positive_float
+from anylogits.processors._ops import divide_rows, row_values
+
+
+class Temperature(LogitsProcessor):
+    """Divide logits by ``temperature`` (< 1 sharpens, > 1 flattens the distribution).
+
+    Oracle: transformers ``TemperatureLogitsWarper`` (identical float arithmetic).
+
+    Args:
+        temperature: strictly positive divisor.
+
+    Example:
+        >>> import torch
+        >>> from anylogits import Pipeline, Temperature
+        >>> Pipeline([Temperature(2.0)])(torch.tensor([[2.0, -4.0]]))
+        tensor([[ 1., -2.]])
+    """
+
+    spec_name = "temperature"
+    argmax_invariant = True
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = positive_float("temperature", temperature)
+
+    def config(self) -> dict[str, Any]:
+        return {"temperature": self.temperature}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return logits.div_(self.temperature)
+
+    @classmethod
+    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        temperatures = [p.temperature for p in processors]  # type: ignore[attr-defined]
+        return RowwiseProcessor(divide_rows, divisors=row_values(temperatures))
