@@ -93,6 +93,7 @@ def tests(session: nox.Session) -> None:
         "--doctest-modules",
         "src/anylogits/core",
         "src/anylogits/processors",
+        "src/anylogits/adapters/vllm_requests.py",
         *session.posargs,
     )
 

@@ -63,7 +63,8 @@ class LogitsProcessor:
         )
 
     def to_spec(self) -> dict[str, Any]:
-        """A plain dict ``{"type": spec_name, **config}``, the wire format for vLLM."""
+        """A plain dict ``{"type": spec_name, **config}``, the wire format for engines in
+        other processes."""
         if self.spec_name is None:
             raise TypeError(f"{type(self).__qualname__} has no spec_name, so it has no spec")
         return {"type": self.spec_name, **self.config()}
@@ -83,7 +84,7 @@ class LogitsProcessor:
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
         """One processor applying ``processors[i]`` (all of this class) to row ``i``.
 
-        Engines that batch many requests (vLLM) use it to process rows that run the
+        Engines that batch many requests in slots use it to process rows that run the
         same kind of processor with different parameters in one call. Returns ``None``
         when this class cannot (the rows are then processed group by group). The default
         stacks identical configurations only; stateful processors never stack.

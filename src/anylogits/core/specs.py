@@ -1,4 +1,5 @@
-"""Specs: the plain-dict wire format of processors (vLLM ``extra_args``, JSON files)."""
+"""Specs: the plain-dict wire format of processors (per-request engine arguments, JSON
+files)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def check_json_value(value: Any, where: str) -> None:
     """Raise ``ValueError`` naming ``where`` unless ``value`` is plain, finite JSON nested
     at most ``limits().spec_depth`` deep.
 
-    vLLM hangs on a non-JSON value in ``extra_args``, so specs are checked before they
+    An engine may hang on a non-JSON value in a request's arguments, so specs are checked
+    before they
     can reach an engine. The walk is iterative: a value nested thousands deep gets this
     error, not a ``RecursionError``.
     """
