@@ -51,8 +51,7 @@ def check_json_value(value: Any, where: str) -> None:
     at most ``limits().spec_depth`` deep.
 
     An engine may hang on a non-JSON value in a request's arguments, so specs are checked
-    before they
-    can reach an engine. The walk is iterative: a value nested thousands deep gets this
+    before they can reach one. The walk is iterative: a value nested thousands deep gets this
     error, not a ``RecursionError``.
     """
     depth_limit = limits().spec_depth
