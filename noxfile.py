@@ -13,7 +13,7 @@ import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "conformance", "matrix"]
+nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CONSTRAINTS = ("-c", "constraints.txt")
@@ -95,12 +95,28 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy on src/anylogits ([tool.mypy] in pyproject.toml); backend libraries are not
+    installed, so their types are Any."""
+    session.install(
+        *CONSTRAINTS,
+        "-e",
+        ".[structured]",
+        *nox.project.dependency_groups(PYPROJECT, "typecheck"),
+    )
+    session.run("mypy")
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """Core and processor unit tests and doctests: no backend installed (torch, and
-    llguidance for the structured processors)."""
+    llguidance for the structured processors). Measures the coverage of anylogits.core
+    and anylogits.processors ([tool.coverage] in pyproject.toml sets the floor)."""
     session.install(*CONSTRAINTS, "-e", ".[structured]", *TEST_DEPS)
     session.run(
         "pytest",
+        "--cov",
+        "--cov-report=term-missing:skip-covered",
         "tests",
         "--doctest-modules",
         "src/anylogits/core",
