@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "tests", "conformance", "matrix"]
+nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CONSTRAINTS = ("-c", "constraints.txt")
@@ -36,10 +37,21 @@ BACKENDS = {
 # (torchvision::nms missing, libc10_cuda.so); nothing we run needs them.
 VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec")
 
+
+def pinned_version(name: str) -> str:
+    """A version from src/anylogits/testing/pins.py, read as text: nox runs without
+    anylogits (or torch) importable."""
+    pins = (Path(__file__).parent / "src" / "anylogits" / "testing" / "pins.py").read_text()
+    match = re.search(rf'^{name} = "([^"]+)"$', pins, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no {name} in src/anylogits/testing/pins.py")
+    return match[1]
+
+
 # llama-cpp-python ships only an sdist (~12 min to build on 2 cores). Build it once per
 # version and CMake flags into our own cache: pip's wheel cache ignores CMAKE_ARGS, and a
 # default build uses -march=native, so a cached wheel could crash on another CPU.
-LLAMA_CPP_VERSION = "0.3.36"
+LLAMA_CPP_VERSION = pinned_version("LLAMA_CPP_PYTHON_VERSION")
 LLAMA_CPP_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
 # Each conformance session records which processor passed what on its backend here; the
 # matrix session renders the records into docs/support-matrix.md.
@@ -83,12 +95,28 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy on src/anylogits ([tool.mypy] in pyproject.toml); backend libraries are not
+    installed, so their types are Any."""
+    session.install(
+        *CONSTRAINTS,
+        "-e",
+        ".[structured]",
+        *nox.project.dependency_groups(PYPROJECT, "typecheck"),
+    )
+    session.run("mypy")
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """Core and processor unit tests and doctests: no backend installed (torch, and
-    llguidance for the structured processors)."""
+    llguidance for the structured processors). Measures the coverage of anylogits.core
+    and anylogits.processors ([tool.coverage] in pyproject.toml sets the floor)."""
     session.install(*CONSTRAINTS, "-e", ".[structured]", *TEST_DEPS)
     session.run(
         "pytest",
+        "--cov",
+        "--cov-report=term-missing:skip-covered",
         "tests",
         "--doctest-modules",
         "src/anylogits/core",

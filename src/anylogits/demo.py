@@ -9,6 +9,7 @@ same processors directly on a torch tensor.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,12 +149,12 @@ def _overhead(
 
     def hook_calls() -> list[Callable[[], object]]:
         hook = for_transformers(*processors(), tokenizer=tokenizer)
-        return [lambda ids=ids, scores=scores: hook(ids, scores) for ids, scores in recorded]
+        return [functools.partial(hook, ids, scores) for ids, scores in recorded]
 
     def direct_calls() -> list[Callable[[], object]]:
         pipeline = Pipeline(processors())
         owned = [(ids, scores.clone()) for ids, scores in recorded]
-        return [lambda ids=ids, scores=scores: pipeline(scores, ids) for ids, scores in owned]
+        return [functools.partial(pipeline, scores, ids) for ids, scores in owned]
 
     hook_time = min(_time_per_call(hook_calls(), repeats=1) for _ in range(5))
     direct_time = min(_time_per_call(direct_calls(), repeats=1) for _ in range(5))

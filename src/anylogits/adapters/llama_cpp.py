@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import weakref
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
 import llama_cpp
@@ -146,7 +146,7 @@ def _guard(model: llama_cpp.Llama) -> _Failures:
     return failures
 
 
-def _checked(tokens: Generator[int, Any, None], failures: _Failures) -> Iterator[int]:
+def _checked(tokens: Generator[int, Any, None], failures: _Failures) -> Generator[int, Any, None]:
     """Pass tokens (and ``send`` values) through; raise a recorded processor error."""
     sent = None
     while True:

@@ -9,7 +9,7 @@ prefix tracker handles both, so this adapter only converts and wires in.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import LogitsProcessor as _HFLogitsProcessor
@@ -33,9 +33,10 @@ class TransformersLogitsProcessor(_HFLogitsProcessor):
         self.pipeline = pipeline
         self.tokenizer = tokenizer
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.FloatTensor:
         # generate keeps `scores` (output_logits=True returns them), so never edit them.
-        return self.pipeline(scores.clone(), input_ids)
+        # The result has the dtype of `scores`: a FloatTensor as transformers' signature says.
+        return cast("torch.FloatTensor", self.pipeline(scores.clone(), input_ids))
 
     def reset(self) -> None:
         """Forget tracked sequences before reusing this hook for unrelated prompts."""

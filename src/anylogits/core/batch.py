@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +40,7 @@ class Batch:
         *,
         lengths: TokenSource | None = None,
         prompt_lengths: TokenSource | None = None,
-        states: dict[int, Sequence[Any]] | None = None,
+        states: Mapping[int, Sequence[Any]] | None = None,
         vocab: Vocabulary | None = None,
     ) -> None:
         self.size = size

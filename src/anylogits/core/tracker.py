@@ -126,9 +126,9 @@ class SequenceTracker:
             raise ValueError("token_ids has no columns: a sequence needs at least one token")
         weights = self._position_weights(width)
         if lengths is None and self._extends_last_call(ids):
-            nodes = self._extend_last_call(ids)
+            extended = self._extend_last_call(ids)
             self._expire()
-            return nodes
+            return extended
         if lengths is None:
             row_lengths = [width] * batch
             row_weights = weights[:, :width].unsqueeze(1)

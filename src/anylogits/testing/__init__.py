@@ -1,1 +1,16 @@
-"""Test helpers for anylogits: tiny deterministic models and fixtures shared by tests and demos."""
+"""What anylogits' own tests, conformance suite, benchmarks and demo are built from.
+
+* :mod:`~anylogits.testing.backends`: one class per backend (transformers, llama.cpp, MLX,
+  vLLM) that builds its native hook from anylogits processors and calls it the way that
+  backend does, plus the ``BACKENDS`` registry.
+* :mod:`~anylogits.testing.probes`: processors that make tracking and truncation mistakes
+  visible (``GeneratedHashBias``, ``ReverseRanks``, ...).
+* :mod:`~anylogits.testing.oracles`: the backends' own sampling code, callable on plain
+  arrays, to compare the catalogue with.
+* :mod:`~anylogits.testing.tiny_model`: a deterministic tiny random-weight Llama with a real
+  vocabulary, cached as a Hugging Face folder and a GGUF file.
+* :mod:`~anylogits.testing.pins`: versions of outside packages the tooling pins.
+
+This package is for testing anylogits; it is not part of the public API and may change
+without notice. Backend libraries are imported only where a helper needs them.
+"""

@@ -45,7 +45,9 @@ class LlamaCppSampler:
         self._llama_cpp.llama_sampler_apply(self.sampler, ctypes.byref(candidates))
         # Read from where ``candidates.data`` points now: XTC drops the top candidates by
         # advancing that pointer rather than moving the records.
-        moved = ctypes.cast(candidates.data, ctypes.c_void_p).value - ctypes.addressof(self._data)
+        data_address = ctypes.cast(candidates.data, ctypes.c_void_p).value
+        assert data_address is not None  # llama_sampler_apply never empties the array
+        moved = data_address - ctypes.addressof(self._data)
         start = moved // ctypes.sizeof(self._llama_cpp.llama_token_data)
         kept = records[start : start + candidates.size]
         out = np.full(len(records), -np.inf, dtype=np.float32)

@@ -1,0 +1,5 @@
+import sys
+
+from anylogits.testing.tiny_model.cli import main
+
+sys.exit(main())
