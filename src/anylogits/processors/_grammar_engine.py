@@ -41,6 +41,10 @@ class GrammarEngine(Protocol):
     def vocab_size(self, vocab: Vocabulary) -> int:
         """Tokens per bitmask row for ``vocab``."""
 
+    def tokenizer(self, vocab: Vocabulary) -> Any:
+        """The engine's tokenizer for ``vocab``, built once per vocabulary (engines build
+        it ahead of the first structured request)."""
+
     def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
         """For each ``(matcher, row)``, write the matcher's allowed tokens into that row
         of the packed bitmask; a matcher appears at most once. Raise ``RuntimeError`` if
@@ -99,9 +103,9 @@ class _VocabularyTokenizer:
         ids, start = [], 0
         while start < len(data):
             for end in range(min(len(data), start + longest), start, -1):
-                token_id = self._by_bytes.get(data[start:end])
-                if token_id is not None:
-                    ids.append(token_id)
+                found = self._by_bytes.get(data[start:end])
+                if found is not None:
+                    ids.append(found)
                     start = end
                     break
             else:

@@ -124,7 +124,7 @@ def fill_bitmask(
         bitmask[list(targets)] = bitmask[list(sources)]
 
 
-def _rounds(cursors: list[GrammarCursor]) -> list[list[tuple[MatcherLine, int, list[int]]]]:
+def _rounds(cursors: Sequence[GrammarCursor]) -> list[list[tuple[MatcherLine, int, list[int]]]]:
     """Round ``k`` holds the ``k``-th shallowest depth of every line, with its rows."""
     lines: dict[int, tuple[MatcherLine, dict[int, list[int]]]] = {}
     for row, cursor in enumerate(cursors):

@@ -199,7 +199,7 @@ class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
             piece = self._tokens[token_id] if token_id < len(self._tokens) else b""
             text: bytes | tuple[int, ...] = tail + piece  # type: ignore[operator]
             # The tail holds no match (it would have fired), so any match is new.
-            fired = trigger in text  # type: ignore[operator]
+            fired = trigger in text
         else:
             text = (*tail, token_id)
             fired = text[len(text) - len(trigger) :] == trigger
@@ -463,7 +463,7 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
         ]
         if len(set(ids)) != len(ids):
             raise ValueError(f"MultipleChoice: two choices are the same token: {ids}")
-        self._columns = TokenColumns("choices", ids)
+        self._columns = TokenColumns("choices", tuple(ids))
         if self.boost_first_words:
             if vocab is None:
                 raise ValueError(

@@ -211,7 +211,9 @@ class GenLength(StatefulLogitsProcessor[_LengthState]):
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
         if self.boost_token is not None:
-            boosted = (single_token("GenLength", "boost_token", self.boost_token, vocab),)
+            boosted: tuple[int, ...] = (
+                single_token("GenLength", "boost_token", self.boost_token, vocab),
+            )
         else:
             boosted = tuple(sorted(vocab.eos_token_ids)) if vocab is not None else ()
             if vocab is not None and not boosted:

@@ -145,7 +145,7 @@ class JSONSchema(_Grammar):
             raise ValueError(f"flexible_whitespace must be a bool, got {flexible_whitespace!r}")
         self.schema = schema
         self.flexible_whitespace = flexible_whitespace
-        layout = {"whitespace_flexible": flexible_whitespace}
+        layout: dict[str, Any] = {"whitespace_flexible": flexible_whitespace}
         if not flexible_whitespace:
             layout.update(item_separator=", ", key_separator=": ")
         try:
