@@ -1,0 +1,44 @@
+"""The README's maps of the tree stay true: a newcomer finds any processor in one hop."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anylogits
+from anylogits.core.processor import LogitsProcessor
+
+README = (Path(__file__).parents[1] / "README.md").read_text()
+
+
+def _module_table() -> dict[str, set[str]]:
+    """README's processors table: module name -> the class names in its row."""
+    rows: dict[str, set[str]] = {}
+    for line in README.splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or not cells[1].strip().startswith("`"):
+            continue
+        names = set(re.findall(r"`(\w+)`", cells[2]))
+        for module in re.findall(r"`(\w+)`", cells[1]):
+            rows[module] = names
+    return rows
+
+
+def test_every_public_processor_sits_in_the_row_of_its_module() -> None:
+    table = _module_table()
+    # vars(), not getattr(): the backend factories are imported on first access.
+    exported = [vars(anylogits).get(name) for name in anylogits.__all__]
+    public = [
+        value
+        for value in exported
+        if isinstance(value, type)
+        and issubclass(value, LogitsProcessor)
+        and value.spec_name is not None
+    ]
+    assert len(public) > 30
+    for cls in public:
+        module = cls.__module__.rsplit(".", 1)[-1]
+        assert cls.__module__ == f"anylogits.processors.{module}"
+        assert cls.__name__ in table.get(module, set()), (
+            f"README's processors table does not list {cls.__name__} under `{module}`"
+        )
