@@ -1,4 +1,4 @@
-"""VllmRequests: per-request pipelines by slot, the core of the vLLM adapter (torch only)."""
+"""VllmRequests: vLLM's wire format over the slot batch (torch only, no vLLM needed)."""
 
 from __future__ import annotations
 
