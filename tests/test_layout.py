@@ -42,3 +42,25 @@ def test_every_public_processor_sits_in_the_row_of_its_module() -> None:
         assert cls.__name__ in table.get(module, set()), (
             f"README's processors table does not list {cls.__name__} under `{module}`"
         )
+
+
+def test_every_file_the_layout_names_exists() -> None:
+    root = Path(__file__).parents[1]
+    block = README.split("## Layout", 1)[1].split("```")[1]
+    folder = root
+    named = 0
+    for line in block.splitlines():
+        top = re.match(r"^(\w[\w/]*/)(?:\s|$)", line)
+        sub = re.match(r"^  (\w+/)\s", line)
+        if top:
+            folder = root / top.group(1)
+            assert folder.is_dir(), f"README's layout names {top.group(1)}, which is not there"
+        elif sub:
+            folder = root / "src/anylogits" / sub.group(1)
+            assert folder.is_dir(), f"README's layout names {sub.group(1)}, which is not there"
+        heading = top or sub
+        rest = line[heading.end() :] if heading else line
+        for name in re.findall(r"\b(\w+\.py|\w+/)(?=[\s,;:)]|$)", rest):
+            named += 1
+            assert (folder / name).exists(), f"README's layout names {folder / name}"
+    assert named >= 10
