@@ -24,6 +24,7 @@ import llama_cpp
 import numpy as np
 import torch
 
+from anylogits.adapters._hook import PipelineHook
 from anylogits.core.arrays import from_torch, to_torch
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
@@ -46,7 +47,7 @@ class _Failures:
             raise error
 
 
-class LlamaCppLogitsProcessor:
+class LlamaCppLogitsProcessor(PipelineHook):
     """The llama-cpp-python hook around an anylogits :class:`~anylogits.Pipeline`.
 
     Args:
@@ -56,7 +57,7 @@ class LlamaCppLogitsProcessor:
     """
 
     def __init__(self, pipeline: Pipeline, eos_token_id: int, failures: _Failures) -> None:
-        self.pipeline = pipeline
+        super().__init__(pipeline)
         self.eos_token_id = eos_token_id
         self.failures = failures
 
@@ -74,13 +75,6 @@ class LlamaCppLogitsProcessor:
             scores[:] = -np.inf
             scores[self.eos_token_id] = 0.0
             return scores
-
-    def reset(self) -> None:
-        """Forget tracked sequences before reusing this hook for unrelated prompts."""
-        self.pipeline.reset()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
 
 
 class AnyLogitsProcessorList(llama_cpp.LogitsProcessorList):

@@ -19,24 +19,14 @@ from typing import Any
 import mlx.core as mx
 import torch
 
+from anylogits.adapters._hook import PipelineHook
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
 
-class MlxLogitsProcessor:
-    """The mlx-lm hook around an anylogits :class:`~anylogits.Pipeline`.
-
-    Args:
-        pipeline: the processors to run.
-        tokenizer: the tokenizer the pipeline's vocabulary came from, kept alive here:
-            the cached vocabulary holds it weakly, and structured processors tokenize
-            forced text with it during generation.
-    """
-
-    def __init__(self, pipeline: Pipeline, tokenizer: Any = None) -> None:
-        self.pipeline = pipeline
-        self.tokenizer = tokenizer
+class MlxLogitsProcessor(PipelineHook):
+    """The mlx-lm hook around an anylogits :class:`~anylogits.Pipeline`."""
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         scores = torch.from_dlpack(logits)
@@ -45,13 +35,6 @@ class MlxLogitsProcessor:
         history = torch.from_dlpack(tokens).to(torch.int64).reshape(1, -1)
         result = self.pipeline(owned, history)
         return mx.array(result[0] if was_1d else result)
-
-    def reset(self) -> None:
-        """Forget tracked sequences before reusing this hook for unrelated prompts."""
-        self.pipeline.reset()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
 
 
 def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[MlxLogitsProcessor]:

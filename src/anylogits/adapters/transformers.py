@@ -14,36 +14,19 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessor as _HFLogitsProcessor
 
+from anylogits.adapters._hook import PipelineHook
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import hf_vocabulary
 
 
-class TransformersLogitsProcessor(_HFLogitsProcessor):
-    """The transformers hook around an anylogits :class:`~anylogits.Pipeline`.
-
-    Args:
-        pipeline: the processors to run.
-        tokenizer: the tokenizer the pipeline's vocabulary came from, kept alive here:
-            the cached vocabulary holds it weakly, and structured processors tokenize
-            forced text with it during generation.
-    """
-
-    def __init__(self, pipeline: Pipeline, tokenizer: Any = None) -> None:
-        self.pipeline = pipeline
-        self.tokenizer = tokenizer
+class TransformersLogitsProcessor(PipelineHook, _HFLogitsProcessor):
+    """The transformers hook around an anylogits :class:`~anylogits.Pipeline`."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.FloatTensor:
         # generate keeps `scores` (output_logits=True returns them), so never edit them.
         # The result has the dtype of `scores`: a FloatTensor as transformers' signature says.
         return cast("torch.FloatTensor", self.pipeline(scores.clone(), input_ids))
-
-    def reset(self) -> None:
-        """Forget tracked sequences before reusing this hook for unrelated prompts."""
-        self.pipeline.reset()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
 
 
 def for_transformers(
