@@ -43,23 +43,12 @@ from anylogits import (
     TypicalP,
     Watermark,
 )
+from anylogits.testing.catalogue import SMALL_CHOICES, SMALL_GBNF, SMALL_REGEX, SMALL_SCHEMA
 from anylogits.testing.probes import GeneratedHashBias, ReverseRanks
 
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # a prompt where penalties change greedy output
 NEW_TOKENS = 16
 
-SMALL_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "integer", "minimum": 0, "maximum": 999},
-        "tag": {"enum": ["red", "green", "blue"]},
-    },
-    "required": ["id", "tag"],
-    "additionalProperties": False,
-}
-SMALL_REGEX = r"[a-z]{2,5}-[0-9]{2}( [a-z]{1,4})?"
-SMALL_CHOICES = ["red alert", "green light", "blue moon"]
-SMALL_GBNF = 'root ::= ("ab" | "cd")+ " end"'
 
 # The tiny model's end-of-text id (llama-bpe ``<|end_of_text|>``). Cases name it
 # explicitly: llama.cpp's vocabulary counts more end-of-generation ids than the HF
