@@ -1,14 +1,17 @@
 """How each backend calls a logits hook, reproduced exactly.
 
 One small class per backend (einops-style): whether it is installed, how to build its
-native hook from anylogits processors, and how the backend calls that hook. The
-conformance suite and the benchmarks both drive backends through these classes, so a
-new backend is one class here plus one entry in :data:`BACKENDS`.
+native hook from anylogits processors, how the backend calls that hook, and its engine
+side (:meth:`engine`: the tiny model loaded in the real engine, see
+:mod:`anylogits.testing.engines`). The conformance suite and the benchmarks both drive
+backends through these classes, so a new backend is one class here, one engine class
+there, plus one entry in :data:`BACKENDS`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +37,14 @@ class TransformersBackend:
     preserves_logits = True
     max_batch = None
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def engine(self, model_dir: Path, scratch: Path) -> Any:
+        """The tiny model (HF folder ``model_dir``) in transformers' engine (a
+        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
+        write."""
+        from anylogits.testing.engines import TransformersEngine
+
+        return TransformersEngine.load(model_dir)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         from anylogits.adapters.transformers import for_transformers
@@ -62,6 +73,14 @@ class LlamaCppBackend:
     preserves_logits = False  # llama.cpp reads the edited candidates back
     max_batch = 1
     dtypes = (torch.float32,)
+
+    def engine(self, model_dir: Path, scratch: Path) -> Any:
+        """The tiny model (HF folder ``model_dir``) in llama.cpp's engine (a
+        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
+        write."""
+        from anylogits.testing.engines import LlamaCppEngine
+
+        return LlamaCppEngine.load(model_dir)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         """The hook around a pipeline without a model (``for_llama_cpp`` needs one)."""
@@ -103,6 +122,14 @@ class MlxBackend:
     preserves_logits = True  # MLX arrays are immutable: a new array comes back
     max_batch = 1
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def engine(self, model_dir: Path, scratch: Path) -> Any:
+        """The tiny model (HF folder ``model_dir``) in mlx-lm's engine (a
+        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
+        write."""
+        from anylogits.testing.engines import MlxEngine
+
+        return MlxEngine.load(model_dir)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         """The hook around a pipeline without a tokenizer (``for_mlx`` needs one)."""
@@ -187,6 +214,14 @@ class VllmBackend:
     preserves_logits = False
     max_batch = None
     dtypes = (torch.float32,)  # both runners cast logits to float32 before processors
+
+    def engine(self, model_dir: Path, scratch: Path) -> Any:
+        """The tiny model (HF folder ``model_dir``) in vLLM's engine (a
+        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
+        write."""
+        from anylogits.testing.engines import VllmEngine
+
+        return VllmEngine.load(model_dir, scratch)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         from vllm.config import VllmConfig
