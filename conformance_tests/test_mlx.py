@@ -4,6 +4,7 @@ samplers as oracles (generation against transformers is in ``test_generation``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,10 @@ def test_batch_generator_rows_keep_their_own_state(loaded: Any) -> None:
 # -- oracles: mlx-lm's own processors and sampling filters --------------------------------
 
 
-def _logits(seed: int, vocab: int = 2_000) -> np.ndarray:
+VOCAB = 2_000
+
+
+def _logits(seed: int, vocab: int = VOCAB) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((1, vocab)) * 3).astype(np.float32)
 
 
@@ -242,33 +246,27 @@ def test_temperature_draws_the_same_tokens_as_make_sampler(seed: int, temperatur
     assert draws(make_sampler(temp=1.0), scaled.numpy()) == native
 
 
-@pytest.mark.support("oracle", processor="top_k", backend="mlx")
+# Kept-set filters: (ours, mlx-lm's filter of log-probabilities, parameter values, how
+# many tokens the native one keeps: exactly k for top-k, else fewer than the vocabulary,
+# so the test can fail).
+KEPT_SETS: dict[
+    str, tuple[Any, Callable[[Any, Any], Any], list[Any], Callable[[int, Any], bool]]
+] = {
+    "top_k": (TopK, apply_top_k, [1, 5, 50], lambda kept, k: kept == k),
+    "top_p": (TopP, apply_top_p, [0.1, 0.5, 0.9], lambda kept, p: kept < VOCAB),
+    "min_p": (MinP, apply_min_p, [0.05, 0.2, 0.5], lambda kept, p: kept < VOCAB),
+}
+
+
+@pytest.mark.support("oracle", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("k", [1, 5, 50])
-def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, (_, _, values, _) in KEPT_SETS.items() for value in values],
+)
+def test_filters_keep_the_same_tokens_as_mlx_lm(name: str, value: Any, seed: int) -> None:
+    processor, apply, _, kept_as_expected = KEPT_SETS[name]
     logits = _logits(seed)
-    logprobs = _logprobs(logits)
-    expected = _kept(np.array(apply_top_k(logprobs, k)))
-    assert _kept(ours(TopK(k), logits, [0])) == expected and len(expected) == k
-
-
-@pytest.mark.support("oracle", processor="top_p", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None:
-    logits = _logits(seed)
-    logprobs = _logprobs(logits)
-    expected = _kept(np.array(apply_top_p(logprobs, p)))
-    assert len(expected) < logits.shape[-1]
-    assert _kept(ours(TopP(p), logits, [0])) == expected
-
-
-@pytest.mark.support("oracle", processor="min_p", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("p", [0.05, 0.2, 0.5])
-def test_min_p_keeps_the_same_tokens_as_apply_min_p(seed: int, p: float) -> None:
-    logits = _logits(seed)
-    logprobs = _logprobs(logits)
-    expected = _kept(np.array(apply_min_p(logprobs, p)))
-    assert len(expected) < logits.shape[-1]
-    assert _kept(ours(MinP(p), logits, [0])) == expected
+    expected = _kept(np.array(apply(_logprobs(logits), value)))
+    assert kept_as_expected(len(expected), value)
+    assert _kept(ours(processor(value), logits, [0])) == expected

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from anylogits.core.processor import LogitsProcessor
+
+if TYPE_CHECKING:
+    from anylogits.testing.engines import GenerationEngine
 
 
 def _vocabulary(tokenizer: Any) -> Any:
@@ -38,10 +41,9 @@ class TransformersBackend:
     max_batch = None
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
 
-    def engine(self, model_dir: Path, scratch: Path) -> Any:
-        """The tiny model (HF folder ``model_dir``) in transformers' engine (a
-        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
-        write."""
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in transformers' engine;
+        ``scratch``: a folder it may write."""
         from anylogits.testing.engines import TransformersEngine
 
         return TransformersEngine.load(model_dir)
@@ -74,10 +76,9 @@ class LlamaCppBackend:
     max_batch = 1
     dtypes = (torch.float32,)
 
-    def engine(self, model_dir: Path, scratch: Path) -> Any:
-        """The tiny model (HF folder ``model_dir``) in llama.cpp's engine (a
-        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
-        write."""
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in llama.cpp's engine;
+        ``scratch``: a folder it may write."""
         from anylogits.testing.engines import LlamaCppEngine
 
         return LlamaCppEngine.load(model_dir)
@@ -123,10 +124,9 @@ class MlxBackend:
     max_batch = 1
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
 
-    def engine(self, model_dir: Path, scratch: Path) -> Any:
-        """The tiny model (HF folder ``model_dir``) in mlx-lm's engine (a
-        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
-        write."""
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in mlx-lm's engine;
+        ``scratch``: a folder it may write."""
         from anylogits.testing.engines import MlxEngine
 
         return MlxEngine.load(model_dir)
@@ -215,10 +215,9 @@ class VllmBackend:
     max_batch = None
     dtypes = (torch.float32,)  # both runners cast logits to float32 before processors
 
-    def engine(self, model_dir: Path, scratch: Path) -> Any:
-        """The tiny model (HF folder ``model_dir``) in vLLM's engine (a
-        :class:`~anylogits.testing.engines.GenerationEngine`); ``scratch``: a folder it may
-        write."""
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in vLLM's engine;
+        ``scratch``: a folder it may write."""
         from anylogits.testing.engines import VllmEngine
 
         return VllmEngine.load(model_dir, scratch)
