@@ -86,7 +86,7 @@ TRUNCATIONS: dict[str, tuple[Any, Callable[[Any], Any], list[Any], Callable[[int
 }
 
 
-@pytest.mark.support("oracle")
+@pytest.mark.support("oracle", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize(
     ("name", "value"),
