@@ -1,15 +1,18 @@
 """The conformance suite is parametrized by a `backend` fixture whose ids are backend
 names. Choose backends with `--backends a,b` or ANYLOGITS_BACKENDS; a backend that is not
-installed is skipped, a known gap is an explicit xfail with its reason."""
+installed is skipped, a known gap is an explicit xfail with its reason. A test asking for
+`engine` gets the tiny model in the backend's real engine, loaded once per session."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from anylogits.testing.backends import BACKENDS, installed
+from anylogits.testing.engines import GenerationEngine, TransformersEngine
 from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
 from conformance_tests.vllm_server import client, server  # noqa: F401  (shared fixtures)
 
@@ -85,3 +88,37 @@ def hf_reference(tiny_model_dir: Path, hf_tokenizer: object) -> tuple[object, ob
         tiny_model_dir, dtype=torch.float32
     ).eval()
     return model, hf_tokenizer
+
+
+class Engines:
+    """Each backend's engine on the tiny model, loaded on first use and kept for the
+    session (vLLM's takes ~30 s to start)."""
+
+    def __init__(self, model_dir: Path, scratch: pytest.TempPathFactory) -> None:
+        self.model_dir = model_dir
+        self.scratch = scratch
+        self.loaded: dict[str, GenerationEngine] = {}
+
+    def __getitem__(self, name: str) -> GenerationEngine:
+        if name not in self.loaded:
+            folder = self.scratch.mktemp(f"{name}-engine")
+            self.loaded[name] = BACKENDS[name].engine(self.model_dir, folder)
+        return self.loaded[name]
+
+
+@pytest.fixture(scope="session")
+def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Engines:
+    """Every backend's engine, by name (a backend's own module asks for its own)."""
+    return Engines(tiny_model_dir, tmp_path_factory)
+
+
+@pytest.fixture
+def engine(backend: Any, engines: Engines) -> GenerationEngine:
+    """The tiny model in ``backend``'s engine."""
+    return engines[backend.name]
+
+
+@pytest.fixture(scope="session")
+def reference(hf_reference: tuple[Any, Any]) -> TransformersEngine:
+    """transformers on the tiny model, float32: the tokens every engine must give."""
+    return TransformersEngine(*hf_reference)

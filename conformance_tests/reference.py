@@ -1,11 +1,8 @@
-"""transformers on the tiny model as the reference other engines must agree with."""
+"""The cases every engine must give transformers' greedy tokens for, on the tiny model."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
 
 from anylogits import (
     DRY,
@@ -43,23 +40,11 @@ from anylogits import (
     TypicalP,
     Watermark,
 )
+from anylogits.testing.catalogue import SMALL_CHOICES, SMALL_GBNF, SMALL_REGEX, SMALL_SCHEMA
 from anylogits.testing.probes import GeneratedHashBias, ReverseRanks
 
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # a prompt where penalties change greedy output
-NEW_TOKENS = 16
 
-SMALL_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "integer", "minimum": 0, "maximum": 999},
-        "tag": {"enum": ["red", "green", "blue"]},
-    },
-    "required": ["id", "tag"],
-    "additionalProperties": False,
-}
-SMALL_REGEX = r"[a-z]{2,5}-[0-9]{2}( [a-z]{1,4})?"
-SMALL_CHOICES = ["red alert", "green light", "blue moon"]
-SMALL_GBNF = 'root ::= ("ab" | "cd")+ " end"'
 
 # The tiny model's end-of-text id (llama-bpe ``<|end_of_text|>``). Cases name it
 # explicitly: llama.cpp's vocabulary counts more end-of-generation ids than the HF
@@ -150,55 +135,6 @@ WITHOUT_THE_PROCESSOR: dict[str, Callable[[list[int]], list[LogitsProcessor]]] =
     "min_new_tokens": lambda plain: [LogitBias({EOS: 30.0})],
     "force_last_phrase": lambda plain: [LogitBias({EOS: 30.0})],
 }
-
-
-def hf_greedy(
-    model: Any, tokenizer: Any, prompt: list[int], *processors: LogitsProcessor, n: int = 16
-) -> list[int]:
-    """Greedy new token ids of transformers on ``prompt`` (ids, BOS included)."""
-    import transformers
-
-    from anylogits import for_transformers
-
-    hooks = transformers.LogitsProcessorList(
-        [for_transformers(*processors, tokenizer=tokenizer)] if processors else []
-    )
-    output = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=n,
-        do_sample=False,
-        top_k=None,
-        top_p=1.0,
-        temperature=1.0,
-        logits_processor=hooks,
-        pad_token_id=tokenizer.eos_token_id,
-    )
-    return output[0, len(prompt) :].tolist()
-
-
-def step_by_step_greedy(
-    model: Any, tokenizer: Any, prompt: list[int], *processors: LogitsProcessor, n: int = 16
-) -> list[int]:
-    """Greedy new token ids from a plain loop: the model's last-position logits of the
-    whole sequence through ``Pipeline(processors)``, argmax, until EOS or ``n`` tokens.
-
-    Independent of every engine's hook wiring (``generate`` included), so it is the
-    reference that the transformers hook is compared with.
-    """
-    from anylogits import Pipeline
-    from anylogits.core.vocab import hf_vocabulary
-
-    pipeline = Pipeline(list(processors), hf_vocabulary(tokenizer))
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(torch.tensor([ids])).logits[:, -1, :].to(torch.float32)
-            token = int(pipeline(logits, torch.tensor([ids])).argmax(-1))
-            ids.append(token)
-            if token == tokenizer.eos_token_id:
-                break
-    return ids[len(prompt) :]
 
 
 def check_watermark_detected(case: str, tokens: list[int], plain: list[int]) -> None:

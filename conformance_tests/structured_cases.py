@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from anylogits import JSONSchema, Vocabulary
 from anylogits.processors._grammar_engine import ENGINE
+from anylogits.testing.engines import Generated
 
 PROMPTS = ["Hello", "1 2 3 4 5 6 7 8 9 10 11 12", "The answer is"]
 BATCHES = st.sampled_from([1, 8])
@@ -64,22 +65,6 @@ REGEXES = st.sampled_from(
 GENERATION = settings(
     max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-class Generated(NamedTuple):
-    """One generated sequence: its new token ids without the final EOS, and whether it
-    ended with EOS (rather than by the token budget)."""
-
-    ids: list[int]
-    finished: bool
-
-
-def generated(ids: list[int], eos_ids: set[int] | frozenset[int]) -> Generated:
-    """Cut ``ids`` at the first EOS."""
-    for index, token in enumerate(ids):
-        if token in eos_ids:
-            return Generated(ids[:index], True)
-    return Generated(ids, False)
 
 
 def text_of(vocab: Vocabulary, ids: list[int]) -> str:

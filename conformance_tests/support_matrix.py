@@ -27,27 +27,14 @@ from typing import Any
 import pytest
 
 from anylogits.core.processor import LogitsProcessor
+from anylogits.testing.catalogue import catalogue_classes
 
 LEVELS = ("hook", "oracle", "generation")
 DIRECTORY_VARIABLE = "ANYLOGITS_SUPPORT_DIR"
 
 
-def catalogue() -> dict[str, str]:
-    """Spec name -> class name of every catalogue processor."""
-    import anylogits.processors
-
-    names = {}
-    for public in anylogits.processors.__all__:
-        value = getattr(anylogits.processors, public)
-        if isinstance(value, type) and issubclass(value, LogitsProcessor):
-            spec_name = value.__dict__.get("spec_name")
-            if spec_name:
-                names[spec_name] = value.__name__
-    return names
-
-
 def _spec_name(value: str) -> str | None:
-    names = catalogue()
+    names = catalogue_classes()
     if value in names:
         return value
     by_class = {class_name: spec for spec, class_name in names.items()}
@@ -152,7 +139,7 @@ def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) 
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_cell[record["processor"], record["backend"]].append(record)
-    names = catalogue()
+    names = catalogue_classes()
     empty = [
         f"{names[spec]} on {backend}"
         for spec in sorted(names)

@@ -1,9 +1,7 @@
-"""Level 4 on transformers: real generate() on the tiny model.
+"""Level 4 on transformers: real generate() on the tiny model, what only transformers
+has (every catalogue processor against a step-by-step loop is in ``test_generation``).
 
-Four kinds of check:
-- every catalogue processor (the cross-engine cases other engines are compared with):
-  greedy tokens of ``generate`` with the hook equal a plain step-by-step loop through
-  ``Pipeline``, and differ from the same loop without the processor;
+Three kinds of check:
 - greedy / seeded-sampling tokens under each processor equal those under the matching
   transformers-native processor, and the native one must change the output first;
 - constraints hold (banned tokens absent, no repeated n-grams, min new tokens);
@@ -48,23 +46,14 @@ from anylogits import (  # noqa: E402
     TopP,
     for_transformers,
 )
+from anylogits.testing.engines import NEW_TOKENS  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from conformance_tests.reference import (  # noqa: E402
-    CROSS_ENGINE_CASES,
-    EOS,
-    WITHOUT_THE_PROCESSOR,
-    check_watermark_detected,
-    hf_greedy,
-    step_by_step_greedy,
-)
+from conformance_tests.reference import COUNTING, EOS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
-
-COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"
-NEW_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
@@ -118,29 +107,11 @@ def assert_same_and_effective(
     assert torch.equal(ours, native), f"\nours   {ours.tolist()}\nnative {native.tolist()}"
 
 
-# -- every catalogue processor: generate() with the hook equals a step-by-step loop ------
+# -- the cases of every engine ----------------------------------------------------------
 
 
 def test_the_cases_name_the_tiny_models_eos(tokenizer: Any) -> None:
     assert tokenizer.eos_token_id == EOS
-
-
-@pytest.mark.support("generation", backend="transformers")
-@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
-def test_generate_with_the_hook_equals_a_step_by_step_loop(
-    model: Any, tokenizer: Any, case: str
-) -> None:
-    prompt = tokenizer.encode(COUNTING)
-    plain = hf_greedy(model, tokenizer, prompt)
-    processors = CROSS_ENGINE_CASES[case]
-    without = WITHOUT_THE_PROCESSOR.get(case, lambda plain: [])(plain)
-    expected = step_by_step_greedy(model, tokenizer, prompt, *processors(plain))
-    assert expected != step_by_step_greedy(model, tokenizer, prompt, *without), (
-        f"{case} did not change the output"
-    )
-    ours = hf_greedy(model, tokenizer, prompt, *processors(plain))
-    assert ours == expected
-    check_watermark_detected(case, ours, plain)
 
 
 # -- greedy and sampled tokens equal the native processors' -------------------------------

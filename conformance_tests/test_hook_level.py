@@ -13,7 +13,7 @@ import torch
 
 from anylogits import Pipeline, from_spec
 from anylogits.core.vocab import hf_vocabulary
-from conformance_tests.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
+from anylogits.testing.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 VOCAB_SIZE = 64

@@ -1,17 +1,15 @@
-"""llama.cpp: vocabulary, hook contract, failure handling, resumed sequences, and real
-generation on the tiny model's GGUF form against transformers on the same weights."""
+"""llama.cpp: vocabulary, hook contract, failure handling, resumed sequences, every
+completion API, and llama.cpp's own grammar sampler as an oracle, on the tiny model's
+GGUF form (generation against transformers is in ``test_generation``)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
 llama_cpp = pytest.importorskip("llama_cpp")
 transformers = pytest.importorskip("transformers")
@@ -19,97 +17,46 @@ transformers = pytest.importorskip("transformers")
 from anylogits import (  # noqa: E402
     Choice,
     Grammar,
-    JSONSchema,
     LogitBias,
     LogitsProcessor,
     MinNewTokens,
-    Regex,
     SuppressTokens,
     Vocabulary,
     for_llama_cpp,
 )
 from anylogits.adapters.llama_cpp import vocabulary_of  # noqa: E402
+from anylogits.testing.engines import LlamaCppEngine  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from anylogits.testing.tiny_model import build_tiny_gguf  # noqa: E402
 from conformance_tests.reference import (  # noqa: E402
     COUNTING,
-    CROSS_ENGINE_CASES,
-    NEW_TOKENS,
     SMALL_CHOICES,
     SMALL_GBNF,
-    check_watermark_detected,
-    hf_greedy,
-)
-from conformance_tests.structured_cases import (  # noqa: E402
-    BATCHES,
-    GENERATION,
-    JSON_TOKENS,
-    PROMPTS,
-    REGEX_TOKENS,
-    REGEXES,
-    SCHEMAS,
-    Generated,
-    check_json,
-    check_regex,
-    generated,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
 
 
 @pytest.fixture(scope="module")
-def gguf_path(tiny_model_dir: Path) -> Path:
-    return build_tiny_gguf()
+def engine(engines: Any) -> LlamaCppEngine:
+    return engines["llama_cpp"]
 
 
 @pytest.fixture(scope="module")
-def llm(gguf_path: Path) -> Any:
-    return llama_cpp.Llama(
-        model_path=str(gguf_path),
-        n_ctx=512,
-        n_threads=1,
-        seed=0,
-        type_k=0,  # GGML_TYPE_F32: an f16 KV cache would drift from transformers
-        type_v=0,
-        verbose=False,
-    )
-
-
-@pytest.fixture(scope="module")
-def hf(hf_reference: tuple[Any, Any]) -> tuple[Any, Any]:
-    return hf_reference
-
-
-def prompt_ids(llm: Any, text: str) -> list[int]:
-    return llm.tokenize(text.encode(), add_bos=True, special=False)
-
-
-def llama_generate(
-    llm: Any, prompt: list[int], hook: Any = None, n: int = NEW_TOKENS, **sampling: Any
-) -> list[int]:
-    """Token ids from llama.cpp's own generate loop (greedy unless ``sampling`` says)."""
-    tokens: list[int] = []
-    options = {"temp": 0.0, "repeat_penalty": 1.0, **sampling}
-    for token in llm.generate(prompt, logits_processor=hook, **options):
-        tokens.append(token)
-        if len(tokens) == n or llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
-            break
-    return tokens
-
-
-def hf_generate(hf: tuple[Any, Any], prompt: list[int], *processors: LogitsProcessor) -> list[int]:
-    return hf_greedy(*hf, prompt, *processors, n=NEW_TOKENS)
+def llm(engine: LlamaCppEngine) -> Any:
+    return engine.llm
 
 
 # -- vocabulary ---------------------------------------------------------------------------
 
 
-def test_vocabulary_from_llama_cpp_agrees_with_the_hf_tokenizer(llm: Any, hf: Any) -> None:
+def test_vocabulary_from_llama_cpp_agrees_with_the_hf_tokenizer(
+    llm: Any, hf_tokenizer: Any
+) -> None:
     ours = vocabulary_of(llm)
-    theirs = Vocabulary.from_hf_tokenizer(hf[1])
+    theirs = Vocabulary.from_hf_tokenizer(hf_tokenizer)
     assert ours.size == theirs.size == llm.n_vocab()
     differing = [i for i in range(ours.size) if ours.tokens[i] != theirs.tokens[i]]
     assert differing == []
@@ -121,7 +68,9 @@ def test_vocabulary_from_llama_cpp_agrees_with_the_hf_tokenizer(llm: Any, hf: An
 # -- what the hook receives ---------------------------------------------------------------
 
 
-def test_the_hook_gets_int32_history_and_a_strided_float32_view(llm: Any) -> None:
+def test_the_hook_gets_int32_history_and_a_strided_float32_view(
+    engine: LlamaCppEngine, llm: Any
+) -> None:
     seen: list[tuple[Any, ...]] = []
     hook = for_llama_cpp(SuppressTokens([0]), model=llm)
     inner = hook[0]
@@ -139,47 +88,33 @@ def test_the_hook_gets_int32_history_and_a_strided_float32_view(llm: Any) -> Non
         )
         return inner(input_ids, scores)
 
-    prompt = prompt_ids(llm, COUNTING)
+    prompt = engine.encode(COUNTING)
     list(zip(range(3), llm.generate(prompt, temp=0.0, logits_processor=[recording]), strict=False))
     assert seen[0][:3] == (np.intc, 1, len(prompt))
     assert seen[1][2] == len(prompt) + 1
     assert seen[0][3] == np.float32 and not seen[0][4] and seen[0][5] == (llm.n_vocab(),)
 
 
-# -- same weights, same processors, same tokens as transformers -----------------------------
+# -- generation -------------------------------------------------------------------------
 
 
-def test_unprocessed_greedy_tokens_equal_transformers(llm: Any, hf: Any) -> None:
-    prompt = prompt_ids(llm, COUNTING)
-    assert llama_generate(llm, prompt) == hf_generate(hf, prompt)
-
-
-@pytest.mark.support("generation", backend="llama_cpp")
-@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
-def test_processors_give_the_same_tokens_as_on_transformers(llm: Any, hf: Any, case: str) -> None:
-    prompt = prompt_ids(llm, COUNTING)
-    plain = llama_generate(llm, prompt)
-    ours = llama_generate(llm, prompt, for_llama_cpp(*CROSS_ENGINE_CASES[case](plain), model=llm))
-    assert ours != plain, "the processor did not change llama.cpp's output"
-    assert ours == hf_generate(hf, prompt, *CROSS_ENGINE_CASES[case](plain))
-    check_watermark_detected(case, ours, plain)
-
-
-def test_min_new_tokens_holds_against_every_end_of_generation_token(llm: Any) -> None:
+def test_min_new_tokens_holds_against_every_end_of_generation_token(
+    engine: LlamaCppEngine, llm: Any
+) -> None:
     eog = sorted(vocabulary_of(llm).eos_token_ids)
-    prompt = prompt_ids(llm, COUNTING)
+    prompt = engine.encode(COUNTING)
     push = LogitBias({token: 30.0 for token in eog})
-    stopped = llama_generate(llm, prompt, for_llama_cpp(push, model=llm))
+    stopped = engine.generate(prompt, for_llama_cpp(push, model=llm))
     assert len(stopped) == 1 and stopped[0] in eog
-    held = llama_generate(llm, prompt, for_llama_cpp(push, MinNewTokens(5), model=llm))
+    held = engine.generate(prompt, for_llama_cpp(push, MinNewTokens(5), model=llm))
     assert len(held) == 6 and held[-1] in eog and not set(held[:5]) & set(eog)
 
 
-def test_every_completion_api_runs_the_hook(llm: Any) -> None:
-    prompt = prompt_ids(llm, COUNTING)
-    plain = llama_generate(llm, prompt, n=8)
+def test_every_completion_api_runs_the_hook(engine: LlamaCppEngine, llm: Any) -> None:
+    prompt = engine.encode(COUNTING)
+    plain = engine.generate(prompt, n=8)
     banned = sorted(set(plain[:3]))
-    expected = llama_generate(llm, prompt, for_llama_cpp(SuppressTokens(banned), model=llm), n=8)
+    expected = engine.generate(prompt, for_llama_cpp(SuppressTokens(banned), model=llm), n=8)
     text = llm.detokenize(expected).decode("utf-8", errors="replace")
     options = {"max_tokens": 8, "temperature": 0.0, "repeat_penalty": 1.0}
 
@@ -204,11 +139,11 @@ def test_every_completion_api_runs_the_hook(llm: Any) -> None:
     assert chat["choices"][0]["message"]["content"] is not None
 
 
-def test_logit_bias_next_to_our_processors_keeps_both(llm: Any) -> None:
+def test_logit_bias_next_to_our_processors_keeps_both(engine: LlamaCppEngine, llm: Any) -> None:
     # llama-cpp-python assigns the result of `logits_processor.extend(...)` when
     # logit_bias is given; a plain list would become None and drop our processors.
-    prompt = prompt_ids(llm, COUNTING)
-    plain = llama_generate(llm, prompt, n=6)
+    prompt = engine.encode(COUNTING)
+    plain = engine.generate(prompt, n=6)
     banned = sorted(set(plain[:3]))
     options = {"max_tokens": 6, "temperature": 0.0, "repeat_penalty": 1.0}
     hook = for_llama_cpp(SuppressTokens(banned), model=llm)
@@ -216,8 +151,7 @@ def test_logit_bias_next_to_our_processors_keeps_both(llm: Any) -> None:
     both = llm.create_completion(
         prompt, logits_processor=hook, logit_bias={favoured: 100.0}, logprobs=None, **options
     )
-    expected = llama_generate(
-        llm,
+    expected = engine.generate(
         prompt,
         for_llama_cpp(SuppressTokens(banned), LogitBias({favoured: 100.0}), model=llm),
         n=6,
@@ -244,9 +178,11 @@ class Boom(LogitsProcessor):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_failing_processor_stops_generation_and_raises(llm: Any, stream: bool) -> None:
+def test_a_failing_processor_stops_generation_and_raises(
+    engine: LlamaCppEngine, llm: Any, stream: bool
+) -> None:
     boom = Boom(after=3)
-    prompt = prompt_ids(llm, COUNTING)
+    prompt = engine.encode(COUNTING)
     with pytest.raises(KeyError, match="boom at call 4"):
         result = llm.create_completion(
             prompt,
@@ -259,34 +195,36 @@ def test_a_failing_processor_stops_generation_and_raises(llm: Any, stream: bool)
             list(result)
     assert boom.calls == 4  # nothing ran after the failure
     # The model is usable afterwards and an earlier failure does not leak into it.
-    assert llama_generate(llm, prompt, n=4) == llama_generate(llm, prompt, n=4)
+    assert engine.generate(prompt, n=4) == engine.generate(prompt, n=4)
 
 
-def test_a_failing_processor_raises_from_generate(llm: Any) -> None:
-    prompt = prompt_ids(llm, COUNTING)
+def test_a_failing_processor_raises_from_generate(engine: LlamaCppEngine, llm: Any) -> None:
+    prompt = engine.encode(COUNTING)
     with pytest.raises(KeyError):
-        llama_generate(llm, prompt, for_llama_cpp(Boom(after=0), model=llm))
+        engine.generate(prompt, for_llama_cpp(Boom(after=0), model=llm))
 
 
 # -- resumed sequences ------------------------------------------------------------------
 
 
-def test_a_resumed_completion_continues_the_stateful_state(llm: Any) -> None:
-    prompt = prompt_ids(llm, COUNTING)
-    whole = llama_generate(llm, prompt, for_llama_cpp(GeneratedHashBias(12.0), model=llm), n=12)
+def test_a_resumed_completion_continues_the_stateful_state(
+    engine: LlamaCppEngine, llm: Any
+) -> None:
+    prompt = engine.encode(COUNTING)
+    whole = engine.generate(prompt, for_llama_cpp(GeneratedHashBias(12.0), model=llm), n=12)
     hook = for_llama_cpp(GeneratedHashBias(12.0), model=llm)
-    first = llama_generate(llm, prompt, hook, n=6)
-    second = llama_generate(llm, prompt + first, hook, n=6)
+    first = engine.generate(prompt, hook, n=6)
+    second = engine.generate(prompt + first, hook, n=6)
     assert first + second == whole
     # Resuming after text the user added (several tokens at once) replays them.
-    extra = prompt_ids(llm, " and so on")[1:]
+    extra = engine.encode(" and so on")[1:]
     resumed = prompt + first + second + extra
     twin = for_llama_cpp(GeneratedHashBiasRecompute(len(prompt), 12.0), model=llm)
-    assert llama_generate(llm, resumed, hook, n=6) == llama_generate(llm, resumed, twin, n=6)
+    assert engine.generate(resumed, hook, n=6) == engine.generate(resumed, twin, n=6)
     # An unrelated prompt with the same hook starts from a fresh state.
-    other = prompt_ids(llm, "the cat sat on the mat")
-    fresh = llama_generate(llm, other, for_llama_cpp(GeneratedHashBias(12.0), model=llm), n=8)
-    assert llama_generate(llm, other, hook, n=8) == fresh
+    other = engine.encode("the cat sat on the mat")
+    fresh = engine.generate(other, for_llama_cpp(GeneratedHashBias(12.0), model=llm), n=8)
+    assert engine.generate(other, hook, n=8) == fresh
 
 
 def test_for_llama_cpp_rejects_a_model_of_the_wrong_type() -> None:
@@ -306,22 +244,25 @@ def _choice_gbnf(choices: list[str]) -> str:
 
 
 @pytest.mark.support("oracle", processor="grammar", backend="llama_cpp")
-def test_grammar_gives_the_tokens_of_llama_cpps_grammar_sampler(llm: Any) -> None:
-    prompt = prompt_ids(llm, COUNTING)
-    native = llama_generate(llm, prompt, grammar=llama_cpp.LlamaGrammar.from_string(SMALL_GBNF))
-    assert native != llama_generate(llm, prompt)
+def test_grammar_gives_the_tokens_of_llama_cpps_grammar_sampler(
+    engine: LlamaCppEngine, llm: Any
+) -> None:
+    prompt = engine.encode(COUNTING)
+    native = engine.generate(prompt, grammar=llama_cpp.LlamaGrammar.from_string(SMALL_GBNF))
+    assert native != engine.generate(prompt)
     ours = for_llama_cpp(Grammar(SMALL_GBNF, syntax="gbnf"), model=llm)
-    assert llama_generate(llm, prompt, ours) == native
+    assert engine.generate(prompt, ours) == native
 
 
 @pytest.mark.support("oracle", processor="choice", backend="llama_cpp")
 def test_choice_gives_the_text_of_llama_cpps_grammar_sampler_in_canonical_tokens(
+    engine: LlamaCppEngine,
     llm: Any,
 ) -> None:
-    prompt = prompt_ids(llm, COUNTING)
+    prompt = engine.encode(COUNTING)
     grammar = llama_cpp.LlamaGrammar.from_string(_choice_gbnf(SMALL_CHOICES))
-    native = llama_generate(llm, prompt, grammar=grammar)
-    ours = llama_generate(llm, prompt, for_llama_cpp(Choice(SMALL_CHOICES), model=llm))
+    native = engine.generate(prompt, grammar=grammar)
+    ours = engine.generate(prompt, for_llama_cpp(Choice(SMALL_CHOICES), model=llm))
     eos = vocabulary_of(llm).eos_token_ids
     assert native[-1] in eos and ours[-1] in eos
     text = llm.detokenize(native[:-1]).decode()
@@ -331,37 +272,3 @@ def test_choice_gives_the_text_of_llama_cpps_grammar_sampler_in_canonical_tokens
     # Pinned: llama.cpp took a non-canonical split of the forced rest (here " " + "al" +
     # "ert" for " alert"); should both ever agree, this comparison can become exact.
     assert native[:-1] != canonical
-
-
-# -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------
-
-
-def structured_outputs(
-    llm: Any, processor: LogitsProcessor, batch: int, sample: bool, n: int
-) -> list[Generated]:
-    """``batch`` sequences through one hook; llama.cpp runs one sequence at a time."""
-    hook = for_llama_cpp(processor, model=llm)
-    eos = vocabulary_of(llm).eos_token_ids
-    sampling = {"temp": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if sample else {}
-    outputs = []
-    for row in range(batch):
-        llm.set_seed(row)
-        prompt = prompt_ids(llm, PROMPTS[row % len(PROMPTS)])
-        outputs.append(generated(llama_generate(llm, prompt, hook, n, **sampling), eos))
-    return outputs
-
-
-@pytest.mark.support("generation", processor="json_schema", backend="llama_cpp")
-@GENERATION
-@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
-def test_generated_json_validates(llm: Any, schema: dict, batch: int, sample: bool) -> None:
-    outputs = structured_outputs(llm, JSONSchema(schema), batch, sample, JSON_TOKENS)
-    check_json(outputs, schema, vocabulary_of(llm))
-
-
-@pytest.mark.support("generation", processor="regex", backend="llama_cpp")
-@GENERATION
-@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
-def test_generated_text_matches_the_regex(llm: Any, pattern: str, batch: int, sample: bool) -> None:
-    outputs = structured_outputs(llm, Regex(pattern), batch, sample, REGEX_TOKENS)
-    check_regex(outputs, pattern, vocabulary_of(llm))

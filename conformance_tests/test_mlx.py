@@ -1,23 +1,22 @@
-"""MLX (mlx-lm): real generation on the tiny model's HF folder, which mlx-lm loads
-directly, against transformers on the same weights; bf16; speculative decoding;
-BatchGenerator; mlx-lm's own processors and samplers as oracles."""
+"""MLX (mlx-lm) on the tiny model's HF folder, which mlx-lm loads directly: bf16;
+speculative decoding; BatchGenerator; every generate API; mlx-lm's own processors and
+samplers as oracles (generation against transformers is in ``test_generation``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
 mx = pytest.importorskip("mlx.core")
 mlx_lm = pytest.importorskip("mlx_lm")
 transformers = pytest.importorskip("transformers")
 
-from mlx_lm.generate import batch_generate, generate_step, stream_generate  # noqa: E402
+from mlx_lm.generate import batch_generate, stream_generate  # noqa: E402
 from mlx_lm.sample_utils import (  # noqa: E402
     apply_min_p,
     apply_top_k,
@@ -27,12 +26,10 @@ from mlx_lm.sample_utils import (  # noqa: E402
 )
 
 from anylogits import (  # noqa: E402
-    JSONSchema,
     LogitBias,
     MinNewTokens,
     MinP,
     Pipeline,
-    Regex,
     RepetitionPenalty,
     SuppressTokens,
     Temperature,
@@ -40,83 +37,31 @@ from anylogits import (  # noqa: E402
     TopP,
     for_mlx,
 )
-from anylogits.core.vocab import hf_vocabulary  # noqa: E402
+from anylogits.testing.engines import NEW_TOKENS, MlxEngine  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from conformance_tests.reference import (  # noqa: E402
-    COUNTING,
-    CROSS_ENGINE_CASES,
-    NEW_TOKENS,
-    check_watermark_detected,
-    hf_greedy,
-)
-from conformance_tests.structured_cases import (  # noqa: E402
-    BATCHES,
-    GENERATION,
-    JSON_TOKENS,
-    PROMPTS,
-    REGEX_TOKENS,
-    REGEXES,
-    SCHEMAS,
-    Generated,
-    check_json,
-    check_regex,
-    generated,
-)
+from conformance_tests.reference import COUNTING  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir: Path) -> tuple[Any, Any]:
-    return mlx_lm.load(str(tiny_model_dir))
+def engine(engines: Any) -> MlxEngine:
+    return engines["mlx"]
 
 
 @pytest.fixture(scope="module")
-def hf(hf_reference: tuple[Any, Any]) -> tuple[Any, Any]:
-    return hf_reference
+def loaded(engine: MlxEngine) -> tuple[Any, Any]:
+    return engine.model, engine.tokenizer
 
 
 def mlx_greedy(
     model: Any, prompt: list[int], processors: Any = None, n: int = NEW_TOKENS, sampler: Any = None
 ) -> list[int]:
     """``n`` tokens of ``generate_step`` (greedy unless ``sampler``); it does not stop at EOS."""
-    tokens = []
-    steps = generate_step(
-        mx.array(prompt), model, max_tokens=n, logits_processors=processors, sampler=sampler
-    )
-    for (token, _), _ in zip(
-        steps,
-        range(n),
-        strict=False,
-    ):
-        tokens.append(int(token))
-    return tokens
-
-
-def test_unprocessed_greedy_tokens_equal_transformers(loaded: Any, hf: Any) -> None:
-    model, tokenizer = loaded
-    prompt = tokenizer.encode(COUNTING)
-    assert mlx_greedy(model, prompt) == hf_greedy(*hf, prompt, n=NEW_TOKENS)
-
-
-@pytest.mark.support("generation", backend="mlx")
-@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
-def test_processors_give_the_same_tokens_as_on_transformers(
-    loaded: Any, hf: Any, case: str
-) -> None:
-    model, tokenizer = loaded
-    prompt = tokenizer.encode(COUNTING)
-    plain = mlx_greedy(model, prompt)
-    ours = mlx_greedy(model, prompt, for_mlx(*CROSS_ENGINE_CASES[case](plain), tokenizer=tokenizer))
-    assert ours != plain, "the processor did not change mlx-lm's output"
-    # generate_step does not stop at EOS (mlx-lm's generate does); transformers does.
-    stops = [i for i, token in enumerate(ours) if token in tokenizer.eos_token_ids]
-    ours = ours[: stops[0] + 1] if stops else ours
-    assert ours == hf_greedy(*hf, prompt, *CROSS_ENGINE_CASES[case](plain), n=NEW_TOKENS)
-    check_watermark_detected(case, ours, plain)
+    return MlxEngine.steps(model, prompt, processors, n, sampler)
 
 
 def test_min_new_tokens_uses_every_id_mlx_stops_on(loaded: Any) -> None:
@@ -221,7 +166,10 @@ def test_batch_generator_rows_keep_their_own_state(loaded: Any) -> None:
 # -- oracles: mlx-lm's own processors and sampling filters --------------------------------
 
 
-def _logits(seed: int, vocab: int = 2_000) -> np.ndarray:
+VOCAB = 2_000
+
+
+def _logits(seed: int, vocab: int = VOCAB) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((1, vocab)) * 3).astype(np.float32)
 
 
@@ -298,79 +246,27 @@ def test_temperature_draws_the_same_tokens_as_make_sampler(seed: int, temperatur
     assert draws(make_sampler(temp=1.0), scaled.numpy()) == native
 
 
-@pytest.mark.support("oracle", processor="top_k", backend="mlx")
+# Kept-set filters: (ours, mlx-lm's filter of log-probabilities, parameter values, how
+# many tokens the native one keeps: exactly k for top-k, else fewer than the vocabulary,
+# so the test can fail).
+KEPT_SETS: dict[
+    str, tuple[Any, Callable[[Any, Any], Any], list[Any], Callable[[int, Any], bool]]
+] = {
+    "top_k": (TopK, apply_top_k, [1, 5, 50], lambda kept, k: kept == k),
+    "top_p": (TopP, apply_top_p, [0.1, 0.5, 0.9], lambda kept, p: kept < VOCAB),
+    "min_p": (MinP, apply_min_p, [0.05, 0.2, 0.5], lambda kept, p: kept < VOCAB),
+}
+
+
+@pytest.mark.support("oracle", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("k", [1, 5, 50])
-def test_top_k_keeps_the_same_tokens_as_apply_top_k(seed: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, (_, _, values, _) in KEPT_SETS.items() for value in values],
+)
+def test_filters_keep_the_same_tokens_as_mlx_lm(name: str, value: Any, seed: int) -> None:
+    processor, apply, _, kept_as_expected = KEPT_SETS[name]
     logits = _logits(seed)
-    logprobs = _logprobs(logits)
-    expected = _kept(np.array(apply_top_k(logprobs, k)))
-    assert _kept(ours(TopK(k), logits, [0])) == expected and len(expected) == k
-
-
-@pytest.mark.support("oracle", processor="top_p", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_top_p_keeps_the_same_tokens_as_apply_top_p(seed: int, p: float) -> None:
-    logits = _logits(seed)
-    logprobs = _logprobs(logits)
-    expected = _kept(np.array(apply_top_p(logprobs, p)))
-    assert len(expected) < logits.shape[-1]
-    assert _kept(ours(TopP(p), logits, [0])) == expected
-
-
-@pytest.mark.support("oracle", processor="min_p", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("p", [0.05, 0.2, 0.5])
-def test_min_p_keeps_the_same_tokens_as_apply_min_p(seed: int, p: float) -> None:
-    logits = _logits(seed)
-    logprobs = _logprobs(logits)
-    expected = _kept(np.array(apply_min_p(logprobs, p)))
-    assert len(expected) < logits.shape[-1]
-    assert _kept(ours(MinP(p), logits, [0])) == expected
-
-
-# -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------
-
-
-def structured_outputs(
-    loaded: tuple[Any, Any], processor: Any, batch: int, sample: bool, n: int
-) -> list[Generated]:
-    """One sequence through ``generate_step``; eight through ``batch_generate``."""
-    model, tokenizer = loaded
-    hooks = for_mlx(processor, tokenizer=tokenizer)
-    sampler = make_sampler(temp=1.0) if sample else None
-    mx.random.seed(0)
-    prompts = [tokenizer.encode(PROMPTS[row % len(PROMPTS)]) for row in range(batch)]
-    if batch == 1:
-        tokens = mlx_greedy(model, prompts[0], hooks, n, sampler=sampler)
-        return [generated(tokens, set(tokenizer.eos_token_ids))]
-    result = batch_generate(
-        model,
-        tokenizer,
-        prompts,
-        max_tokens=n,
-        return_token_ids=True,
-        logits_processors=hooks,
-        sampler=sampler,
-    )
-    # batch_generate leaves out the EOS that finished a sequence.
-    return [Generated(list(ids), len(ids) < n) for ids in result.token_ids]
-
-
-@pytest.mark.support("generation", processor="json_schema", backend="mlx")
-@GENERATION
-@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
-def test_generated_json_validates(loaded: Any, schema: dict, batch: int, sample: bool) -> None:
-    outputs = structured_outputs(loaded, JSONSchema(schema), batch, sample, JSON_TOKENS)
-    check_json(outputs, schema, hf_vocabulary(loaded[1]._tokenizer))
-
-
-@pytest.mark.support("generation", processor="regex", backend="mlx")
-@GENERATION
-@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
-def test_generated_text_matches_the_regex(
-    loaded: Any, pattern: str, batch: int, sample: bool
-) -> None:
-    outputs = structured_outputs(loaded, Regex(pattern), batch, sample, REGEX_TOKENS)
-    check_regex(outputs, pattern, hf_vocabulary(loaded[1]._tokenizer))
+    expected = _kept(np.array(apply(_logprobs(logits), value)))
+    assert kept_as_expected(len(expected), value)
+    assert _kept(ours(processor(value), logits, [0])) == expected

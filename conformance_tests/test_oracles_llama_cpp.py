@@ -62,34 +62,42 @@ def random_logits(seed: int, scale: float = 3.0) -> np.ndarray:
 SEEDS = range(8)
 
 
-@pytest.mark.support("oracle", processor="top_k", backend="llama_cpp")
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("k", [1, 5, 40, 1_000])
-def test_top_k_matches(seed: int, k: int) -> None:
-    logits = random_logits(seed)  # continuous values: no ties at the k-th
-    expected = native(lambda: llama_cpp.llama_sampler_init_top_k(k), logits)
-    assert np.isfinite(expected).sum() == k
-    np.testing.assert_array_equal(ours(TopK(k), logits), expected)
+# Truncation samplers: (ours, llama.cpp's sampler, parameter values, how many tokens the
+# native one keeps: exactly k for top-k, else fewer than the vocabulary, so the test can fail).
+TRUNCATIONS: dict[str, tuple[Any, Callable[[Any], Any], list[Any], Callable[[int, Any], bool]]] = {
+    "top_k": (
+        TopK,
+        lambda k: llama_cpp.llama_sampler_init_top_k(k),
+        [1, 5, 40, 1_000],
+        lambda kept, k: kept == k,  # continuous logits: no ties at the k-th
+    ),
+    "top_p": (
+        TopP,
+        lambda p: llama_cpp.llama_sampler_init_top_p(p, 1),
+        [0.1, 0.5, 0.9, 0.95],
+        lambda kept, p: kept < VOCAB,
+    ),
+    "min_p": (
+        MinP,
+        lambda p: llama_cpp.llama_sampler_init_min_p(p, 1),
+        [0.01, 0.05, 0.2, 0.5],
+        lambda kept, p: kept < VOCAB,
+    ),
+}
 
 
-@pytest.mark.support("oracle", processor="top_p", backend="llama_cpp")
+@pytest.mark.support("oracle", backend="llama_cpp")
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.9, 0.95])
-def test_top_p_matches(seed: int, p: float) -> None:
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, (_, _, values, _) in TRUNCATIONS.items() for value in values],
+)
+def test_truncation_matches(name: str, value: Any, seed: int) -> None:
+    processor, sampler, _, kept_as_expected = TRUNCATIONS[name]
     logits = random_logits(seed)
-    expected = native(lambda: llama_cpp.llama_sampler_init_top_p(p, 1), logits)
-    assert np.isfinite(expected).sum() < VOCAB  # it truncates: the test can fail
-    np.testing.assert_array_equal(ours(TopP(p), logits), expected)
-
-
-@pytest.mark.support("oracle", processor="min_p", backend="llama_cpp")
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("p", [0.01, 0.05, 0.2, 0.5])
-def test_min_p_matches(seed: int, p: float) -> None:
-    logits = random_logits(seed)
-    expected = native(lambda: llama_cpp.llama_sampler_init_min_p(p, 1), logits)
-    assert np.isfinite(expected).sum() < VOCAB
-    np.testing.assert_array_equal(ours(MinP(p), logits), expected)
+    expected = native(lambda: sampler(value), logits)
+    assert kept_as_expected(np.isfinite(expected).sum(), value)
+    np.testing.assert_array_equal(ours(processor(value), logits), expected)
 
 
 @pytest.mark.support("oracle", processor="temperature", backend="llama_cpp")

@@ -1,8 +1,8 @@
-"""Structured generation on transformers with the tiny model (real llama-bpe vocabulary):
-every output satisfies its constraint under greedy and sampled decoding, batch 1 and 8,
-beam search and assisted (prompt-lookup) decoding; outputs cut by ``max_new_tokens``
-are valid prefixes; real-world MaskBench schemas: coverage, valid instances accepted
-token by token and invalid ones rejected."""
+"""Structured generation on transformers with the tiny model (real llama-bpe vocabulary),
+beyond what every engine is checked for in ``test_generation``: beam search and assisted
+(prompt-lookup) decoding satisfy the constraint; outputs cut by ``max_new_tokens`` are
+valid prefixes; real-world MaskBench schemas: coverage, valid instances accepted token
+by token and invalid ones rejected."""
 
 from __future__ import annotations
 
@@ -12,31 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from anylogits import JSONSchema, Regex, for_transformers  # noqa: E402
+from anylogits import JSONSchema, for_transformers  # noqa: E402
 from anylogits.core.vocab import hf_vocabulary  # noqa: E402
 from anylogits.processors._grammar_engine import ENGINE  # noqa: E402
-from conformance_tests.structured_cases import (  # noqa: E402
-    BATCHES,
-    GENERATION,
-    JSON_TOKENS,
-    PROMPTS,
-    REGEX_TOKENS,
-    REGEXES,
-    SCHEMAS,
-    check_json,
-    check_regex,
-    generated,
-    is_valid_prefix,
-)
+from anylogits.testing.engines import TransformersEngine  # noqa: E402
+from conformance_tests.structured_cases import PROMPTS, is_valid_prefix  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
 
@@ -44,31 +29,17 @@ MASKBENCH = Path(__file__).parent / "data" / "maskbench-sample"
 
 
 @pytest.fixture(scope="module")
-def engine(hf_reference: tuple[Any, Any]) -> tuple[Any, Any]:
-    return hf_reference
+def engine(reference: TransformersEngine) -> TransformersEngine:
+    return reference
 
 
 def generate(
-    model: Any, tokenizer: Any, processor: Any, batch: int, n: int = 48, **options: Any
+    engine: TransformersEngine, processor: Any, batch: int, n: int = 48, **options: Any
 ) -> list[list[int]]:
-    # Left-padded by hand: the shared reference tokenizer has no pad token to change.
-    rows = [tokenizer.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
-    width = max(map(len, rows))
-    input_ids = torch.tensor([[tokenizer.eos_token_id] * (width - len(r)) + r for r in rows])
-    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    output = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=n,
-        logits_processor=transformers.LogitsProcessorList(
-            [for_transformers(processor, tokenizer=tokenizer)]
-        ),
-        pad_token_id=tokenizer.eos_token_id,
-        **options,
+    """New token ids of ``batch`` prompts, left-padded into one batch, each cut after EOS."""
+    return engine.generate(
+        [PROMPTS[i % len(PROMPTS)] for i in range(batch)], processor, n, **options
     )
-    new = output[:, width:].tolist()
-    eos = tokenizer.eos_token_id
-    return [row[: row.index(eos) + 1] if eos in row else row for row in new]
 
 
 def finished_text(tokenizer: Any, ids: list[int]) -> str:
@@ -76,38 +47,10 @@ def finished_text(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids[:-1])
 
 
-def sampling(sample: bool) -> dict[str, Any]:
-    return {"do_sample": True, "top_k": 0} if sample else {"do_sample": False}
-
-
-@pytest.mark.support("generation", processor="json_schema", backend="transformers")
-@GENERATION
-@given(schema=SCHEMAS, batch=BATCHES, sample=st.booleans())
-def test_generated_json_validates(engine: Any, schema: dict, batch: int, sample: bool) -> None:
-    model, tokenizer = engine
-    torch.manual_seed(0)
-    outputs = generate(model, tokenizer, JSONSchema(schema), batch, JSON_TOKENS, **sampling(sample))
-    eos = {tokenizer.eos_token_id}
-    check_json([generated(ids, eos) for ids in outputs], schema, hf_vocabulary(tokenizer))
-
-
-@pytest.mark.support("generation", processor="regex", backend="transformers")
-@GENERATION
-@given(pattern=REGEXES, batch=BATCHES, sample=st.booleans())
-def test_generated_text_matches_the_regex(
-    engine: Any, pattern: str, batch: int, sample: bool
-) -> None:
-    model, tokenizer = engine
-    torch.manual_seed(1)
-    outputs = generate(model, tokenizer, Regex(pattern), batch, REGEX_TOKENS, **sampling(sample))
-    eos = {tokenizer.eos_token_id}
-    check_regex([generated(ids, eos) for ids in outputs], pattern, hf_vocabulary(tokenizer))
-
-
-def test_a_hook_keeps_its_tokenizer_alive(engine: Any, tiny_model_dir: Any) -> None:
+def test_a_hook_keeps_its_tokenizer_alive(engine: TransformersEngine, tiny_model_dir: Any) -> None:
     # The cached vocabulary holds its tokenizer weakly; llguidance tokenizes forced text
     # (JSON keys) with it mid-generation, so the hook must keep it.
-    model, tokenizer = engine
+    model, tokenizer = engine.model, engine.tokenizer
     schema = {
         "type": "object",
         "properties": {"answer": {"type": "boolean"}},
@@ -129,10 +72,10 @@ def test_a_hook_keeps_its_tokenizer_alive(engine: Any, tiny_model_dir: Any) -> N
     jsonschema.validate(json.loads(finished_text(tokenizer, ids)), schema)
 
 
-def test_unconstrained_output_would_not_validate(engine: Any) -> None:
-    # Without the processor the tiny model's text is no JSON: the tests above can fail.
-    model, tokenizer = engine
-    (ids,) = generate(model, tokenizer, JSONSchema({"type": "boolean"}), 1, n=8)
+def test_unconstrained_output_would_not_validate(engine: TransformersEngine) -> None:
+    # Without the processor the tiny model's text is no JSON: the validity tests can fail.
+    model, tokenizer = engine.model, engine.tokenizer
+    (ids,) = generate(engine, JSONSchema({"type": "boolean"}), 1, n=8)
     assert finished_text(tokenizer, ids) in ("true", "false")
     inputs = tokenizer(PROMPTS[:1], return_tensors="pt")
     plain = model.generate(**inputs, max_new_tokens=8, do_sample=False)
@@ -149,8 +92,10 @@ def test_unconstrained_output_would_not_validate(engine: Any) -> None:
     ],
     ids=["beam_search", "assisted_prompt_lookup"],
 )
-def test_beam_search_and_assisted_decoding_satisfy_the_schema(engine: Any, options: dict) -> None:
-    model, tokenizer = engine
+def test_beam_search_and_assisted_decoding_satisfy_the_schema(
+    engine: TransformersEngine, options: dict
+) -> None:
+    tokenizer = engine.tokenizer
     schema = {
         "type": "object",
         "properties": {
@@ -161,7 +106,7 @@ def test_beam_search_and_assisted_decoding_satisfy_the_schema(engine: Any, optio
         "additionalProperties": False,
     }
     processor = JSONSchema(schema)
-    outputs = generate(model, tokenizer, processor, 1, n=64, **options)
+    outputs = generate(engine, processor, 1, n=64, **options)
     assert len(outputs) == options.get("num_return_sequences", 1)
     finished = [ids for ids in outputs if ids[-1] == tokenizer.eos_token_id]
     assert finished
@@ -172,11 +117,11 @@ def test_beam_search_and_assisted_decoding_satisfy_the_schema(engine: Any, optio
             assert is_valid_prefix(processor.grammar, hf_vocabulary(tokenizer), ids)
 
 
-def test_output_cut_by_max_new_tokens_is_a_valid_prefix(engine: Any) -> None:
-    model, tokenizer = engine
+def test_output_cut_by_max_new_tokens_is_a_valid_prefix(engine: TransformersEngine) -> None:
+    tokenizer = engine.tokenizer
     processor = JSONSchema({"type": "array", "items": {"type": "string", "maxLength": 40}})
     vocab = hf_vocabulary(tokenizer)
-    for ids in generate(model, tokenizer, processor, 3, n=6, do_sample=True, top_k=0):
+    for ids in generate(engine, processor, 3, n=6, do_sample=True, top_k=0):
         assert tokenizer.eos_token_id not in ids  # cut, not finished
         assert is_valid_prefix(processor.grammar, vocab, ids)
 
@@ -185,8 +130,8 @@ def _maskbench() -> list[tuple[str, dict]]:
     return [(path.stem, json.loads(path.read_text())) for path in sorted(MASKBENCH.glob("*.json"))]
 
 
-def test_maskbench_coverage_and_token_level_acceptance(engine: Any) -> None:
-    _, tokenizer = engine
+def test_maskbench_coverage_and_token_level_acceptance(engine: TransformersEngine) -> None:
+    tokenizer = engine.tokenizer
     vocab = hf_vocabulary(tokenizer)
     cases = _maskbench()
     assert len(cases) == 180
@@ -213,15 +158,15 @@ def test_maskbench_coverage_and_token_level_acceptance(engine: Any) -> None:
     assert valid >= 150 and invalid >= 240, (valid, invalid)
 
 
-def test_maskbench_generated_outputs_validate(engine: Any) -> None:
-    model, tokenizer = engine
+def test_maskbench_generated_outputs_validate(engine: TransformersEngine) -> None:
+    tokenizer = engine.tokenizer
     validated = 0
     for name, case in _maskbench()[::6]:
         try:
             processor = JSONSchema(case["schema"])
         except ValueError:
             continue
-        (ids,) = generate(model, tokenizer, processor, 1, n=160, do_sample=False)
+        (ids,) = generate(engine, processor, 1, n=160, do_sample=False)
         if ids and ids[-1] == tokenizer.eos_token_id:
             jsonschema.validate(json.loads(finished_text(tokenizer, ids)), case["schema"])
             validated += 1

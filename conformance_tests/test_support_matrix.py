@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance_tests.support_matrix import catalogue, cell, render
+from anylogits.testing.catalogue import catalogue_classes
+from conformance_tests.support_matrix import cell, render
 
 
 def record(processor: str, backend: str, level: str, outcome: str, reason: str = "") -> dict:
@@ -39,7 +40,7 @@ def test_only_skipped_reads_not_run_with_the_reason() -> None:
 
 
 def test_every_catalogue_processor_gets_a_row_and_strict_names_empty_cells() -> None:
-    names = catalogue()
+    names = catalogue_classes()
     assert {"top_k", "json_schema", "repetition_penalty"} <= set(names)
     records = [record(spec, "mlx", "hook", "passed") for spec in names]
     page = render(records, ["mlx"], strict=True)

@@ -26,12 +26,8 @@ from anylogits import (  # noqa: E402
     SuppressTokens,
     vllm_xargs,
 )
-from conformance_tests.reference import (  # noqa: E402
-    COUNTING,
-    CROSS_ENGINE_CASES,
-    NEW_TOKENS,
-    hf_greedy,
-)
+from anylogits.testing.engines import NEW_TOKENS, TransformersEngine  # noqa: E402
+from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
 from conformance_tests.vllm_server import MODEL_NAME, Server  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
@@ -130,9 +126,9 @@ def plain(client: Any, server: Server, counting: list[int]) -> list[int]:
 
 
 def test_unprocessed_matches_transformers(
-    plain: list[int], counting: list[int], hf_reference: tuple[Any, Any]
+    plain: list[int], counting: list[int], reference: TransformersEngine
 ) -> None:
-    assert plain == hf_greedy(*hf_reference, counting, n=NEW_TOKENS)
+    assert plain == reference.greedy(counting)
 
 
 def test_suppress_tokens(
@@ -160,11 +156,11 @@ def test_matches_transformers(
     server: Server,
     counting: list[int],
     plain: list[int],
-    hf_reference: tuple[Any, Any],
+    reference: TransformersEngine,
 ) -> None:
     processors = CROSS_ENGINE_CASES[case](plain)
     tokens = complete(client, server, counting, *processors)
-    assert tokens == hf_greedy(*hf_reference, counting, *processors, n=NEW_TOKENS)
+    assert tokens == reference.greedy(counting, processors)
     assert tokens != plain, f"{case} did not change the greedy output"
 
 

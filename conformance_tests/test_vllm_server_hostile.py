@@ -23,7 +23,7 @@ pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
 from anylogits.core.limits import limits  # noqa: E402
-from conformance_tests.hostile import (  # noqa: E402
+from anylogits.testing.hostile import (  # noqa: E402
     OVERSIZED,
     REQUEST_LEVEL,
     largest_alternatives_grammar,

@@ -17,9 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from conformance_tests.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS
-from conformance_tests.hostile import NOT_SIZES, OVERSIZED, REQUEST_LEVEL
-from conformance_tests.support_matrix import catalogue
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +32,12 @@ from anylogits.core.limits import (
     override,
     set_limits,
 )
+from anylogits.testing.catalogue import (
+    PROCESSOR_SPECS,
+    VOCABULARY_SPECS,
+    catalogue_classes,
+)
+from anylogits.testing.hostile import NOT_SIZES, OVERSIZED, REQUEST_LEVEL
 from anylogits.testing.probes import RaiseAfter
 
 README = Path(__file__).parents[1] / "README.md"
@@ -75,7 +78,7 @@ def test_the_same_field_under_a_raised_limit_is_accepted(case: str) -> None:
 def _size_fields() -> set[tuple[str, str]]:
     """(type, field) of every catalogue field whose value is a list, a dict or text."""
     fields = set()
-    for name in catalogue():
+    for name in catalogue_classes():
         spec = PROCESSOR_SPECS.get(name) or VOCABULARY_SPECS[name]
         _needs_llguidance(spec)
         for field, value in from_spec(spec).to_spec().items():
@@ -88,7 +91,7 @@ def test_every_list_dict_or_text_field_of_the_catalogue_has_an_oversized_case() 
     pytest.importorskip("llguidance")
     covered = {tuple(case.split(".")[:2]) for case in OVERSIZED}
     missing = sorted(_size_fields() - covered - NOT_SIZES)
-    assert not missing, f"no oversized case in conformance_tests/hostile.py for {missing}"
+    assert not missing, f"no oversized case in src/anylogits/testing/hostile.py for {missing}"
 
 
 @pytest.mark.parametrize("case", sorted(REQUEST_LEVEL))
@@ -197,7 +200,7 @@ def _fields(name: str) -> list[str]:
     return [field for field in from_spec(spec).to_spec() if field != "type"]
 
 
-@pytest.mark.parametrize("name", sorted(catalogue()))
+@pytest.mark.parametrize("name", sorted(catalogue_classes()))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_json_in_any_field_is_a_value_error_or_a_processor(name: str, data: Any) -> None:

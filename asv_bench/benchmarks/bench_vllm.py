@@ -71,11 +71,11 @@ class VllmStep:
         from vllm.config import VllmConfig
         from vllm.v1.sample.logits_processor import BatchUpdate
 
-        from anylogits.adapters.vllm import AnyLogitsV1
+        from anylogits.adapters.vllm import AnyLogitsV1Runner
 
         ids = history(batch, 256, VOCAB).tolist()
         self.logits = peaked_logits(batch, VOCAB)
-        cls = _adapter_class(processor) if implementation == "vllm_adapter" else AnyLogitsV1
+        cls = _adapter_class(processor) if implementation == "vllm_adapter" else AnyLogitsV1Runner
         self.engine = cls(VllmConfig(), torch.device("cpu"), False)
         added = []
         for row in range(batch):

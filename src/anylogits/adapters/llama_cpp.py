@@ -31,7 +31,7 @@ from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary
 
 
-class _Failures:
+class HookFailures:
     """The first processor error of the running generation of one model."""
 
     def __init__(self) -> None:
@@ -56,7 +56,7 @@ class LlamaCppLogitsProcessor(PipelineHook):
         failures: where a failure is recorded for the model's ``generate`` to re-raise.
     """
 
-    def __init__(self, pipeline: Pipeline, eos_token_id: int, failures: _Failures) -> None:
+    def __init__(self, pipeline: Pipeline, eos_token_id: int, failures: HookFailures) -> None:
         super().__init__(pipeline)
         self.eos_token_id = eos_token_id
         self.failures = failures
@@ -122,12 +122,12 @@ def for_llama_cpp(
     return AnyLogitsProcessorList([hook])
 
 
-def _guard(model: llama_cpp.Llama) -> _Failures:
+def _guard(model: llama_cpp.Llama) -> HookFailures:
     """Wrap ``model.generate`` once so that recorded processor errors are re-raised."""
     failures = model.__dict__.get("_anylogits_failures")
     if failures is not None:
         return failures
-    failures = _Failures()
+    failures = HookFailures()
     original = model.generate
 
     @functools.wraps(original)
@@ -140,7 +140,9 @@ def _guard(model: llama_cpp.Llama) -> _Failures:
     return failures
 
 
-def _checked(tokens: Generator[int, Any, None], failures: _Failures) -> Generator[int, Any, None]:
+def _checked(
+    tokens: Generator[int, Any, None], failures: HookFailures
+) -> Generator[int, Any, None]:
     """Pass tokens (and ``send`` values) through; raise a recorded processor error."""
     sent = None
     while True:

@@ -1,19 +1,25 @@
 """How each backend calls a logits hook, reproduced exactly.
 
 One small class per backend (einops-style): whether it is installed, how to build its
-native hook from anylogits processors, and how the backend calls that hook. The
-conformance suite and the benchmarks both drive backends through these classes, so a
-new backend is one class here plus one entry in :data:`BACKENDS`.
+native hook from anylogits processors, how the backend calls that hook, and its engine
+side (:meth:`engine`: the tiny model loaded in the real engine, see
+:mod:`anylogits.testing.engines`). The conformance suite and the benchmarks both drive
+backends through these classes, so a new backend is one class here, one engine class
+there, plus one entry in :data:`BACKENDS`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from anylogits.core.processor import LogitsProcessor
+
+if TYPE_CHECKING:
+    from anylogits.testing.engines import GenerationEngine
 
 
 def _vocabulary(tokenizer: Any) -> Any:
@@ -34,6 +40,13 @@ class TransformersBackend:
     preserves_logits = True
     max_batch = None
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in transformers' engine;
+        ``scratch``: a folder it may write."""
+        from anylogits.testing.engines import TransformersEngine
+
+        return TransformersEngine.load(model_dir)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         from anylogits.adapters.transformers import for_transformers
@@ -63,12 +76,21 @@ class LlamaCppBackend:
     max_batch = 1
     dtypes = (torch.float32,)
 
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in llama.cpp's engine;
+        ``scratch``: a folder it may write."""
+        from anylogits.testing.engines import LlamaCppEngine
+
+        return LlamaCppEngine.load(model_dir)
+
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         """The hook around a pipeline without a model (``for_llama_cpp`` needs one)."""
-        from anylogits.adapters.llama_cpp import LlamaCppLogitsProcessor, _Failures
+        from anylogits.adapters.llama_cpp import HookFailures, LlamaCppLogitsProcessor
         from anylogits.core.pipeline import Pipeline
 
-        return LlamaCppLogitsProcessor(Pipeline(processors, _vocabulary(tokenizer)), 0, _Failures())
+        return LlamaCppLogitsProcessor(
+            Pipeline(processors, _vocabulary(tokenizer)), 0, HookFailures()
+        )
 
     def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
         """llama-cpp-python's int32 history and its ``(id, logit, p)`` candidate records."""
@@ -103,6 +125,13 @@ class MlxBackend:
     preserves_logits = True  # MLX arrays are immutable: a new array comes back
     max_batch = 1
     dtypes = (torch.float32, torch.float16, torch.bfloat16)
+
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in mlx-lm's engine;
+        ``scratch``: a folder it may write."""
+        from anylogits.testing.engines import MlxEngine
+
+        return MlxEngine.load(model_dir)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         """The hook around a pipeline without a tokenizer (``for_mlx`` needs one)."""
@@ -187,6 +216,13 @@ class VllmBackend:
     preserves_logits = False
     max_batch = None
     dtypes = (torch.float32,)  # both runners cast logits to float32 before processors
+
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in vLLM's engine;
+        ``scratch``: a folder it may write."""
+        from anylogits.testing.engines import VllmEngine
+
+        return VllmEngine.load(model_dir, scratch)
 
     def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
         from vllm.config import VllmConfig

@@ -1,7 +1,8 @@
 """Representative configurations of every catalogue processor, as specs.
 
 Specs, not instances: every test builds fresh processors, so no cache or tracker state
-leaks from one backend's run into another's.
+leaks from one backend's run into another's. Also the small constraints the structured
+cases share, and :func:`catalogue_classes`, every catalogue processor by spec name.
 """
 
 from __future__ import annotations
@@ -10,7 +11,20 @@ from typing import Any
 
 import anylogits.testing.probes  # noqa: F401  (registers the probe processors' specs)
 from anylogits import LogitsProcessor, from_spec
-from conformance_tests.reference import SMALL_SCHEMA
+
+# Small constraints every engine must apply alike (and the hook-level JSON case).
+SMALL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tag": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["id", "tag"],
+    "additionalProperties": False,
+}
+SMALL_REGEX = r"[a-z]{2,5}-[0-9]{2}( [a-z]{1,4})?"
+SMALL_CHOICES = ["red alert", "green light", "blue moon"]
+SMALL_GBNF = 'root ::= ("ab" | "cd")+ " end"'
 
 PROCESSOR_SPECS: dict[str, dict[str, Any]] = {
     "temperature": {"type": "temperature", "temperature": 0.7},
@@ -100,3 +114,17 @@ VOCABULARY_SPECS: dict[str, dict[str, Any]] = {
     },
     "multiple_choice": {"type": "multiple_choice", "choices": ["1", "2", "3"]},
 }
+
+
+def catalogue_classes() -> dict[str, str]:
+    """Spec name -> class name of every catalogue processor."""
+    import anylogits.processors
+
+    names = {}
+    for public in anylogits.processors.__all__:
+        value = getattr(anylogits.processors, public)
+        if isinstance(value, type) and issubclass(value, LogitsProcessor):
+            spec_name = value.__dict__.get("spec_name")
+            if spec_name:
+                names[spec_name] = value.__name__
+    return names
