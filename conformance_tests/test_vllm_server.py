@@ -65,6 +65,23 @@ def _xargs(*processors: LogitsProcessor) -> dict[str, Any]:
     return {"vllm_xargs": vllm_xargs(*processors)} if processors else {}
 
 
+def _greedy(
+    create: Any, server: Server, processors: tuple[LogitsProcessor, ...], **request: Any
+) -> Any:
+    """``create(**request)`` greedy, with the token ids in the response and ``processors``
+    as ``vllm_xargs``; a dead server says why it died."""
+    try:
+        return create(
+            model=MODEL_NAME,
+            temperature=0.0,
+            extra_body={"return_token_ids": True, **_xargs(*processors)},
+            **request,
+        )
+    except openai.APIConnectionError:
+        server.check_alive()
+        raise
+
+
 def complete(
     client: Any,
     server: Server,
@@ -73,17 +90,8 @@ def complete(
     max_tokens: int = NEW_TOKENS,
 ) -> list[int]:
     """Greedy new token ids from the completions endpoint, prompt given as ids."""
-    try:
-        response = client.completions.create(
-            model=MODEL_NAME,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            temperature=0.0,
-            extra_body={"return_token_ids": True, **_xargs(*processors)},
-        )
-    except openai.APIConnectionError:
-        server.check_alive()
-        raise
+    create = client.completions.create
+    response = _greedy(create, server, processors, prompt=prompt, max_tokens=max_tokens)
     return _token_ids(response.choices[0])
 
 
@@ -91,17 +99,8 @@ def chat(
     client: Any, server: Server, *processors: LogitsProcessor, max_tokens: int = 8
 ) -> tuple[list[int], list[int]]:
     """(prompt ids, greedy new token ids) from the chat completions endpoint."""
-    try:
-        response = client.chat.completions.create(
-            model=MODEL_NAME,
-            messages=CHAT_MESSAGES,
-            max_tokens=max_tokens,
-            temperature=0.0,
-            extra_body={"return_token_ids": True, **_xargs(*processors)},
-        )
-    except openai.APIConnectionError:
-        server.check_alive()
-        raise
+    create = client.chat.completions.create
+    response = _greedy(create, server, processors, messages=CHAT_MESSAGES, max_tokens=max_tokens)
     prompt_ids = getattr(response, "prompt_token_ids", None)
     assert prompt_ids is not None, f"the server returned no prompt_token_ids: {response}"
     return list(prompt_ids), _token_ids(response.choices[0])
