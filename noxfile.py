@@ -122,6 +122,7 @@ def tests(session: nox.Session) -> None:
         "src/anylogits/core",
         "src/anylogits/processors",
         "src/anylogits/adapters/vllm_requests.py",
+        "src/anylogits/adapters/transformers_processors.py",
         *session.posargs,
     )
 

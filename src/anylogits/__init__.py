@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from anylogits.adapters.transformers_processors import from_transformers
 from anylogits.adapters.vllm_requests import vllm_xargs
 from anylogits.core import (
     Batch,
@@ -132,6 +133,7 @@ __all__ = [
     "for_transformers",
     "for_vllm",
     "from_spec",
+    "from_transformers",
     "to_specs",
     "vllm_processor_class",
     "vllm_xargs",

@@ -1,0 +1,66 @@
+"""``from_transformers``: transformers' own processor objects, run by every engine, give
+transformers' own tokens (the processors read ``input_ids``, so the history must be laid
+out as transformers lays it out)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from anylogits import from_transformers
+from anylogits.testing.engines import NEW_TOKENS, GenerationEngine, TransformersEngine
+from conformance_tests.reference import COUNTING
+
+pytestmark = pytest.mark.slow
+
+transformers = pytest.importorskip("transformers")
+
+# Each builds a fresh transformers processor from the engine's unprocessed greedy tokens.
+HF_PROCESSORS: dict[str, Callable[[list[int]], Any]] = {
+    "repetition_penalty": lambda plain: transformers.RepetitionPenaltyLogitsProcessor(1.3),
+    "no_repeat_ngram": lambda plain: transformers.NoRepeatNGramLogitsProcessor(2),
+    "suppress_tokens": lambda plain: transformers.SuppressTokensLogitsProcessor(
+        sorted(set(plain[:4]))
+    ),
+}
+
+
+def transformers_tokens(reference: TransformersEngine, prompt: list[int], hf: Any) -> list[int]:
+    """transformers' ``generate`` with the processor object itself, no anylogits."""
+    processors = transformers.LogitsProcessorList([hf] if hf is not None else [])
+    output = reference.model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        logits_processor=processors,
+        pad_token_id=reference.tokenizer.eos_token_id,
+    )
+    return output[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("name", sorted(HF_PROCESSORS))
+def test_a_transformers_processor_gives_transformers_tokens(
+    backend: Any, engines: Any, reference: TransformersEngine, name: str
+) -> None:
+    if backend.name == "vllm":
+        pytest.skip("vLLM's engine takes specs; see test_vllm_refuses_it_clearly")
+    engine: GenerationEngine = engines[backend.name]
+    prompt = engine.encode(COUNTING)
+    plain = engine.greedy(prompt)
+    expected = transformers_tokens(reference, prompt, HF_PROCESSORS[name](plain))
+    assert expected != transformers_tokens(reference, prompt, None), f"{name} changed nothing"
+    ours = engine.greedy(prompt, [from_transformers(HF_PROCESSORS[name](plain))])
+    assert ours == expected
+
+
+def test_vllm_refuses_it_clearly() -> None:
+    pytest.importorskip("vllm")
+    from anylogits import for_vllm
+
+    wrapped = from_transformers(transformers.RepetitionPenaltyLogitsProcessor(1.3))
+    with pytest.raises(ValueError, match="cannot travel to a vLLM engine"):
+        for_vllm(wrapped, max_tokens=4)
