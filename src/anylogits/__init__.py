@@ -17,6 +17,7 @@ from anylogits.core import (
     StatefulLogitsProcessor,
     Vocabulary,
     from_spec,
+    load_plugins,
     to_specs,
 )
 from anylogits.processors import (
@@ -132,6 +133,7 @@ __all__ = [
     "for_transformers",
     "for_vllm",
     "from_spec",
+    "load_plugins",
     "to_specs",
     "vllm_processor_class",
     "vllm_xargs",
