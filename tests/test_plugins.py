@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -199,17 +200,18 @@ def test_an_unknown_type_says_the_known_types_the_plugins_and_how_to_add_one(
         """
         import anylogits
 
-        result = [error_of(anylogits.from_spec, {"type": "ban_two_back"})]
+        result = [error_of(anylogits.from_spec, {"type": "no_such_type"})]
         anylogits.from_spec({"type": "demo_bias", "token_id": 1})
-        result.append(error_of(anylogits.from_spec, {"type": "ban_two_back"}))
+        result.append(error_of(anylogits.from_spec, {"type": "no_such_type"}))
         result.append(error_of(anylogits.from_spec, {"type": ["not", "a", "name"]}))
         """,
         plugins="operator_processors",
     )["result"]
     before, after, unhashable = messages
-    assert before.startswith("spec field 'type' is 'ban_two_back'; known processor types: ")
+    # Other installed plugins (the example package, in the vLLM session) may be listed too.
+    assert before.startswith("spec field 'type' is 'no_such_type'; known processor types: ")
     assert "top_k" in before and "demo_bias" in before
-    assert "entry points installed, not loaded yet: demo_bias" in before
+    assert re.search(r"entry points installed, not loaded yet: [\w, ]*\bdemo_bias\b", before)
     assert "ANYLOGITS_PLUGINS modules: operator_processors" in before
     assert "entry-point group 'anylogits.processors'" in before
     assert "environment variable ANYLOGITS_PLUGINS" in before
@@ -217,7 +219,7 @@ def test_an_unknown_type_says_the_known_types_the_plugins_and_how_to_add_one(
         "plugins loaded: entry point 'demo_bias' = 'anylogits_demo_plugin:DemoBias' "
         "(distribution anylogits-demo-plugin 0.1)" in after
     )
-    assert "not loaded yet" not in after
+    assert not re.search(r"not loaded yet: [\w, ]*\bdemo_bias\b", after)
     assert unhashable.startswith("spec field 'type' is ['not', 'a', 'name']; known")
 
 
@@ -246,7 +248,7 @@ def test_the_entry_point_group_is_scanned_once_per_process(tmp_path: Path) -> No
         """,
     )["result"]
     first, second, installed = result
-    assert installed == ["demo_bias"]
+    assert "demo_bias" in installed
     assert first.startswith("spec field 'type' is 'demo_bias'; known processor types")
     assert second == first
     install_distribution(tmp_path, {"demo_bias": "anylogits_demo_plugin:DemoBias"})

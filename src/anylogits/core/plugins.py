@@ -156,10 +156,10 @@ def find_plugin_type(name: str) -> bool:
     """Load what could define the processor type ``name``: the ``ANYLOGITS_PLUGINS``
     modules, then the entry point keyed ``name`` if one is installed. ``True`` when an
     entry point was loaded for it; ``ValueError`` when a plugin fails."""
+    from anylogits.core import specs
+
     with _lock:
         import_plugin_modules()
-        from anylogits.core import specs
-
         if specs.registered_type(name) is not None:
             return False
         if name not in available_entry_points():
@@ -184,8 +184,9 @@ def load_plugins() -> None:
 def describe_plugins() -> str:
     """Which plugins this process has loaded, and how to add one (for error messages)."""
     with _lock:
-        entry_point_names = sorted(available_entry_points())
         loaded = [_loaded_entry_points[name] for name in sorted(_loaded_entry_points)]
+        installed = sorted(available_entry_points())
+        unloaded = [name for name in installed if name not in _loaded_entry_points]
         modules = _imported_modules if _imported_modules is not None else []
     parts = [
         "plugins loaded: "
@@ -196,7 +197,6 @@ def describe_plugins() -> str:
             else f"no {PLUGINS_VARIABLE} modules"
         ),
     ]
-    unloaded = [name for name in entry_point_names if name not in _loaded_entry_points]
     if unloaded:
         parts.append(f"entry points installed, not loaded yet: {', '.join(unloaded)}")
     return "; ".join(parts) + f". {HOW_TO_ADD}"
