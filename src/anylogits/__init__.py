@@ -18,6 +18,7 @@ from anylogits.core import (
     StatefulLogitsProcessor,
     Vocabulary,
     from_spec,
+    load_plugins,
     to_specs,
 )
 from anylogits.processors import (
@@ -134,6 +135,7 @@ __all__ = [
     "for_vllm",
     "from_spec",
     "from_transformers",
+    "load_plugins",
     "to_specs",
     "vllm_processor_class",
     "vllm_xargs",

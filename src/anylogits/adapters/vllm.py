@@ -43,6 +43,7 @@ from anylogits.adapters.vllm_requests import (
     request_specs,
 )
 from anylogits.core.limits import limits
+from anylogits.core.plugins import load_plugins
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
@@ -116,7 +117,9 @@ class AnyLogitsV1Runner(V1LogitsProcessor):
         _validate(sampling_params)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
-        limits()  # a bad ANYLOGITS_LIMITS stops the engine at start, not every request
+        # A bad ANYLOGITS_LIMITS or plugin stops the engine at start, not every request.
+        limits()
+        load_plugins()
         self.requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
         self.requests.prefetch_vocabulary()
 
@@ -183,7 +186,9 @@ if V2LogitsProcessor is not None:
             _validate(sampling_params)
 
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
-            limits()  # a bad ANYLOGITS_LIMITS stops the engine at start
+            # A bad ANYLOGITS_LIMITS or plugin stops the engine at start.
+            limits()
+            load_plugins()
             self.req_states = req_states
             self.requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
             self.requests.prefetch_vocabulary()

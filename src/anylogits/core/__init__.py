@@ -3,6 +3,7 @@
 from anylogits.core.arrays import Converted, from_torch, to_torch
 from anylogits.core.batch import Batch
 from anylogits.core.pipeline import Pipeline
+from anylogits.core.plugins import load_plugins
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.specs import from_spec, to_specs
 from anylogits.core.tracker import SequenceNode, SequenceTracker
@@ -19,6 +20,7 @@ __all__ = [
     "Vocabulary",
     "from_spec",
     "from_torch",
+    "load_plugins",
     "to_specs",
     "to_torch",
 ]

@@ -8,6 +8,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from anylogits.core import plugins
 from anylogits.core.limits import check_size, limits
 
 if TYPE_CHECKING:
@@ -30,9 +31,34 @@ def register(cls: type[LogitsProcessor]) -> None:
     _REGISTRY[name] = cls
 
 
+def registered_type(name: str) -> type[LogitsProcessor] | None:
+    """The class registered under ``name`` so far (plugins not loaded), or ``None``."""
+    return _REGISTRY.get(name)
+
+
 def registered_processors() -> dict[str, type[LogitsProcessor]]:
-    """Every processor class that has a ``spec_name``, by that name."""
+    """Every processor class that has a ``spec_name``, by that name, plugins included
+    (loads them all: ``ValueError`` when one fails, see :func:`anylogits.load_plugins`)."""
+    plugins.load_plugins()
     return dict(_REGISTRY)
+
+
+def processor_type(kind: Any) -> type[LogitsProcessor]:
+    """The class a spec's ``"type"`` names, loading plugins the first time a type is not
+    yet registered; ``ValueError`` saying the known types and plugins otherwise."""
+    if isinstance(kind, str):
+        cls = _REGISTRY.get(kind)
+        if cls is not None:
+            return cls
+        plugins.find_plugin_type(kind)
+        cls = _REGISTRY.get(kind)
+        if cls is not None:
+            return cls
+    known = ", ".join(sorted(set(_REGISTRY) | set(plugins.available_entry_points())))
+    raise ValueError(
+        f"spec field 'type' is {kind!r}; known processor types: {known}; "
+        f"{plugins.describe_plugins()}"
+    )
 
 
 def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:
@@ -118,11 +144,7 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
     check_json_value(spec, "spec")
     fields = dict(spec)
     kind = fields.pop("type", None)
-    registry = registered_processors()
-    if kind not in registry:
-        known = ", ".join(sorted(registry))
-        raise ValueError(f"spec field 'type' is {kind!r}; known processor types: {known}")
-    cls = registry[kind]
+    cls = processor_type(kind)
     parameters = constructor_parameters(cls)
     unknown = sorted(set(fields) - set(parameters))
     if unknown:
