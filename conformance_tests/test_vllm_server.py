@@ -9,6 +9,7 @@ back as HTTP 400 and leave the server serving. The server
 from __future__ import annotations
 
 import itertools
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,18 @@ def test_an_installed_plugin_is_served_by_name(
     assert tokens == reference.greedy(counting, [plugin.BanTwoBack()])
     assert tokens != plain, "ban_two_back did not change the greedy output"
     assert all(tokens[index] != tokens[index - 2] for index in range(2, len(tokens))), tokens
+
+
+def test_the_authoring_guide_talks_to_the_server(server: Server) -> None:
+    """docs/authoring.md's server blocks, run as written against this server."""
+    pytest.importorskip("anylogits_example_plugin")
+    guide = (Path(__file__).parents[1] / "docs" / "authoring.md").read_text()
+    blocks = re.findall(r"^```python\n(# needs: openai_server\n.*?)^```", guide, re.M | re.S)
+    assert blocks, "the guide has no server block"
+    for block in blocks:
+        namespace = {"base_url": f"{server.base_url}/v1", "served_model": MODEL_NAME}
+        exec(compile(block, "docs/authoring.md", "exec"), namespace)
+        assert namespace["completion"].choices[0].text
 
 
 def test_an_unknown_type_names_the_plugins_and_how_to_add_one(
