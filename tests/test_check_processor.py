@@ -3,6 +3,8 @@ that break the contract fail with a message naming where, the scenario, row and 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from anylogits import LogitsProcessor, RepetitionPenalty, Temperature
 from anylogits.testing import check_processor
 from anylogits.testing.broken import BROKEN, IgnoresRows, KeysStateByRow, MutatesState
 from anylogits.testing.catalogue import PROCESSOR_SPECS, build
-from anylogits.testing.check import SCENARIOS
+from anylogits.testing.check import SCENARIOS, _check_core, _copier, record_scenarios
 
 
 @pytest.mark.parametrize("name", sorted(PROCESSOR_SPECS))
@@ -82,3 +84,16 @@ def test_check_processor_leaves_the_processor_given_unused() -> None:
     processor = build("stateful_probe")
     check_processor(processor, backends=())
     assert (processor.init_calls, processor.advance_calls) == (0, 0)
+
+
+def test_each_scenario_on_its_own_catches_the_broken_processors() -> None:
+    """Not only the first scenario: every one that forks, rolls back or moves rows fails
+    them (a mutated state needs a fork or a rollback to show)."""
+    for broken in (MutatesState, KeysStateByRow, IgnoresRows):
+        fresh = _copier(broken())
+        scenarios, truth = record_scenarios(fresh, None)
+        for scenario in scenarios:
+            if broken is MutatesState and scenario.name == "row moves/swaps":
+                continue  # no fork, no rollback: every state has one owner
+            with pytest.raises(AssertionError, match=re.escape(f"scenario {scenario.name!r}")):
+                _check_core(broken(), fresh, None, [scenario], truth, [torch.float32])
