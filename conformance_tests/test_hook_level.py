@@ -14,25 +14,9 @@ import torch
 from anylogits import Pipeline, from_spec
 from anylogits.core.vocab import hf_vocabulary
 from anylogits.testing.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
+from anylogits.testing.check import VOCAB_SIZE, call_sequence
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-VOCAB_SIZE = 64
-
-
-def call_sequence(batch: int, seed: int) -> list[torch.Tensor]:
-    """Histories of successive calls: extend, reorder/fork rows, roll back two tokens."""
-    generator = torch.Generator().manual_seed(seed)
-    # Few distinct ids, so n-grams repeat and penalties bite.
-    ids = torch.randint(0, 8, (batch, 6), generator=generator)
-    calls = [ids]
-    for step in range(6):
-        if step == 3:
-            ids = ids[:, :-2]  # rejected draft tokens
-        parents = torch.randint(0, batch, (batch,), generator=generator)
-        new = torch.randint(0, 8, (batch, 1), generator=generator)
-        ids = torch.cat([ids[parents], new], 1)
-        calls.append(ids)
-    return calls
 
 
 @pytest.mark.support("hook")

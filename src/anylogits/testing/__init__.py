@@ -1,5 +1,8 @@
 """What anylogits' own tests, conformance suite, benchmarks and demo are built from.
 
+* :func:`check_processor` (:mod:`~anylogits.testing.check`): a user's processor through
+  the hook-level conformance of every installed backend; public, and
+  :mod:`~anylogits.testing.broken` holds processors it must fail.
 * :mod:`~anylogits.testing.backends`: one class per backend (transformers, llama.cpp, MLX,
   vLLM) that builds its native hook from anylogits processors and calls it the way that
   backend does, plus the ``BACKENDS`` registry.
@@ -16,6 +19,11 @@
   vocabulary, cached as a Hugging Face folder and a GGUF file.
 * :mod:`~anylogits.testing.pins`: versions of outside packages the tooling pins.
 
-This package is for testing anylogits; it is not part of the public API and may change
-without notice. Backend libraries are imported only where a helper needs them.
+Apart from :func:`check_processor`, this package is for testing anylogits; it is not part
+of the public API and may change without notice. Backend libraries are imported only
+where a helper needs them.
 """
+
+from anylogits.testing.check import check_processor
+
+__all__ = ["check_processor"]
