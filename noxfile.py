@@ -128,6 +128,7 @@ def tests(session: nox.Session) -> None:
         "src/anylogits/processors",
         "src/anylogits/adapters/vllm_requests.py",
         "src/anylogits/adapters/transformers_processors.py",
+        "src/anylogits/testing/check.py",
         *session.posargs,
     )
 
