@@ -44,11 +44,9 @@ def transformers_tokens(reference: TransformersEngine, prompt: list[int], hf: An
 
 @pytest.mark.parametrize("name", sorted(HF_PROCESSORS))
 def test_a_transformers_processor_gives_transformers_tokens(
-    backend: Any, engines: Any, reference: TransformersEngine, name: str
+    engine: GenerationEngine, reference: TransformersEngine, name: str
 ) -> None:
-    if backend.name == "vllm":
-        pytest.skip("vLLM's engine takes specs; see test_vllm_refuses_it_clearly")
-    engine: GenerationEngine = engines[backend.name]
+    """On vLLM too: the suite's engine runs in this process, where the object lives."""
     prompt = engine.encode(COUNTING)
     plain = engine.greedy(prompt)
     expected = transformers_tokens(reference, prompt, HF_PROCESSORS[name](plain))
@@ -57,10 +55,16 @@ def test_a_transformers_processor_gives_transformers_tokens(
     assert ours == expected
 
 
-def test_vllm_refuses_it_clearly() -> None:
+def test_vllm_with_its_engine_elsewhere_refuses_it_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("vllm")
     from anylogits import for_vllm
+    from anylogits.adapters import vllm
 
-    wrapped = from_transformers(transformers.RepetitionPenaltyLogitsProcessor(1.3))
-    with pytest.raises(ValueError, match="cannot travel to a vLLM engine"):
-        for_vllm(wrapped, max_tokens=4)
+    request = for_vllm(from_transformers(transformers.RepetitionPenaltyLogitsProcessor(1.3)))
+    monkeypatch.setattr(vllm, "_ENGINES_HERE", 1)  # as with the engine in this process
+    vllm.AnyLogits.validate_params(request)
+    monkeypatch.setattr(vllm, "_ENGINES_HERE", 0)  # as in a frontend whose engine is apart
+    with pytest.raises(ValueError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        vllm.AnyLogits.validate_params(request)

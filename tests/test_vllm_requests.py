@@ -241,3 +241,19 @@ def test_pipelines_of_finished_requests_are_not_kept_forever() -> None:
     for index in range(GROUP_CACHE + 1):
         requests.add(0, args(TopK(index + 1)), prompt_ids=[1], output_ids=[])
     assert requests.process(torch.zeros(2, 8))[1].tolist() == [0.0, 0.0, -5.0] + [0.0] * 5
+
+
+def test_a_transformers_object_is_known_only_to_the_process_that_made_it() -> None:
+    from anylogits import from_transformers
+    from anylogits.core.specs import from_spec
+
+    def ban_last(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
+
+    spec = from_transformers(ban_last).to_spec()
+    assert from_spec(spec).processor is ban_last  # this process: the same object
+    # What a client of a server could send: an id no process of the server knows.
+    with pytest.raises(ValueError, match=r"extra_args\['anylogits'\]\[0\].*names no transformers"):
+        request_specs({"anylogits": [{**spec, "object_id": "0" * 32}]})
+    with pytest.raises(ValueError, match="must be a transformers LogitsProcessor"):
+        request_specs({"anylogits": [{"type": "transformers_object", "processor": "os.system"}]})

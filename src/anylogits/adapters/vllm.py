@@ -35,6 +35,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
+from anylogits.adapters.transformers_processors import SPEC_NAME as LIVE_OBJECT_SPEC
 from anylogits.adapters.vllm_requests import (
     SPEC_FIELD,
     SPEC_KEY,
@@ -93,15 +94,38 @@ def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     return vocab
 
 
+# Engines whose processor runs in this process: only they can run from_transformers
+# objects, which exist in this process alone.
+_ENGINES_HERE = 0
+
+
+def _start_engine(vllm_config: VllmConfig) -> VllmRequests:
+    """What every runner's processor does at engine start: a bad ``ANYLOGITS_LIMITS`` or
+    plugin stops the engine here, not every request; the vocabulary starts building."""
+    global _ENGINES_HERE
+    limits()
+    load_plugins()
+    _ENGINES_HERE += 1
+    requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
+    requests.prefetch_vocabulary()
+    return requests
+
+
 def _validate(sampling_params: SamplingParams) -> None:
     """vLLM turns a ``ValueError`` here into HTTP 400 and anything else into a 500, so
     whatever a client sent fails as a ``ValueError``."""
     try:
-        request_specs(sampling_params.extra_args)
+        specs = request_specs(sampling_params.extra_args) or []
     except ValueError:
         raise
     except Exception as error:
         raise ValueError(f"{SPEC_FIELD} is not usable: {error!r}") from None
+    if not _ENGINES_HERE and any(spec["type"] == LIVE_OBJECT_SPEC for spec in specs):
+        raise ValueError(
+            f"{SPEC_FIELD} holds from_transformers objects, which exist in this process only, "
+            "but vLLM's engine runs in another one: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+            "before creating the LLM, or write the processor as an anylogits processor"
+        )
 
 
 class AnyLogitsV1Runner(V1LogitsProcessor):
@@ -117,11 +141,7 @@ class AnyLogitsV1Runner(V1LogitsProcessor):
         _validate(sampling_params)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
-        # A bad ANYLOGITS_LIMITS or plugin stops the engine at start, not every request.
-        limits()
-        load_plugins()
-        self.requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
-        self.requests.prefetch_vocabulary()
+        self.requests = _start_engine(vllm_config)
 
     def is_argmax_invariant(self) -> bool:
         # Requests may carry biases and penalties, which move the argmax.
@@ -186,12 +206,8 @@ if V2LogitsProcessor is not None:
             _validate(sampling_params)
 
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
-            # A bad ANYLOGITS_LIMITS or plugin stops the engine at start.
-            limits()
-            load_plugins()
             self.req_states = req_states
-            self.requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
-            self.requests.prefetch_vocabulary()
+            self.requests = _start_engine(vllm_config)
 
         def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
             prompt_length = int(self.req_states.prompt_len.np[req_idx])
