@@ -8,10 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import torch
 
 from anylogits import from_transformers
-from anylogits.testing.engines import NEW_TOKENS, GenerationEngine, TransformersEngine
+from anylogits.testing.engines import GenerationEngine, TransformersEngine
 from conformance_tests.reference import COUNTING
 
 pytestmark = pytest.mark.slow
@@ -30,16 +29,8 @@ HF_PROCESSORS: dict[str, Callable[[list[int]], Any]] = {
 
 def transformers_tokens(reference: TransformersEngine, prompt: list[int], hf: Any) -> list[int]:
     """transformers' ``generate`` with the processor object itself, no anylogits."""
-    processors = transformers.LogitsProcessorList([hf] if hf is not None else [])
-    output = reference.model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        logits_processor=processors,
-        pad_token_id=reference.tokenizer.eos_token_id,
-    )
-    return output[0, len(prompt) :].tolist()
+    hooks = transformers.LogitsProcessorList([hf] if hf is not None else [])
+    return reference.native_greedy(prompt, hooks)
 
 
 @pytest.mark.parametrize("name", sorted(HF_PROCESSORS))

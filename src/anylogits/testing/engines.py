@@ -101,6 +101,11 @@ class TransformersEngine:
     def greedy(
         self, prompt: list[int], processors: Sequence[LogitsProcessor] = (), n: int = NEW_TOKENS
     ) -> list[int]:
+        return self.native_greedy(prompt, self.hooks(processors), n)
+
+    def native_greedy(self, prompt: list[int], hooks: Any, n: int = NEW_TOKENS) -> list[int]:
+        """``generate``'s greedy new tokens with ``hooks``, a ``LogitsProcessorList`` (of
+        transformers' own processors, or anylogits' hook)."""
         output = self.model.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -109,7 +114,7 @@ class TransformersEngine:
             top_k=None,
             top_p=1.0,
             temperature=1.0,
-            logits_processor=self.hooks(processors),
+            logits_processor=hooks,
             pad_token_id=self.tokenizer.eos_token_id,
         )
         return output[0, len(prompt) :].tolist()
