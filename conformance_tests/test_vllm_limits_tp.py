@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
 
+from anylogits.testing.engines import vllm_environment  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 
 PHRASE = " Sure, here it is"
@@ -51,11 +53,7 @@ def test_lowered_limits_reach_the_tensor_parallel_engine(
         **os.environ,
         "ANYLOGITS_LIMITS": json.dumps({"sequence_tokens": 4}),
         "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
+        **vllm_environment(tmp_path),
     }
     prompt = tokenizer.encode("Once upon a time")
     result = subprocess.run(

@@ -20,7 +20,11 @@ pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
 plugin = pytest.importorskip("anylogits_example_plugin")
 
-from anylogits.testing.engines import NEW_TOKENS, TransformersEngine  # noqa: E402
+from anylogits.testing.engines import (  # noqa: E402
+    NEW_TOKENS,
+    TransformersEngine,
+    vllm_environment,
+)
 from anylogits.testing.probes import GeneratedHashBias  # noqa: E402
 from conformance_tests.reference import COUNTING  # noqa: E402
 
@@ -48,15 +52,7 @@ print("TOKENS", json.dumps([list(output.outputs[0].token_ids) for output in outp
 def run_script(
     model_dir: Path, scratch: Path, prompt: list[int], requests: list[Any], **settings: str
 ) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        **settings,
-    }
+    env = {**os.environ, **vllm_environment(scratch), **settings}
     arguments = [str(model_dir), json.dumps(prompt), json.dumps(requests), str(NEW_TOKENS)]
     return subprocess.run(
         [sys.executable, "-c", SCRIPT, *arguments],

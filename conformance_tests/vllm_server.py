@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from anylogits.testing.engines import vllm_environment
+
 MODEL_NAME = "tiny"
 STARTUP_TIMEOUT_S = 240.0
 REQUEST_TIMEOUT_S = 120.0
@@ -120,12 +122,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     ]
     env = {
         **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(folder / "vllm_cache"),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
+        **vllm_environment(folder),
         # The suite's probes are unpackaged processor types: the operator's module list
         # makes them known to the server's frontend and engine alike. Installed plugins
         # (the example package's ban_two_back) need nothing at all.

@@ -68,6 +68,7 @@ def test_the_guide_runs_on(backend: str, tmp_path: Path) -> None:
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed")
     pytest.importorskip("transformers")  # builds the tiny model
+    from anylogits.testing.engines import vllm_environment
     from anylogits.testing.tiny_model import build_tiny_gguf, build_tiny_model
 
     model_dir = build_tiny_model()
@@ -80,11 +81,7 @@ def test_the_guide_runs_on(backend: str, tmp_path: Path) -> None:
     )
     source = tmp_path / "guide.py"
     source.write_text(prelude + script(backend))
-    environment = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-    }
+    environment = {**os.environ, **vllm_environment(tmp_path)}
     result = subprocess.run(
         [sys.executable, str(source)],
         capture_output=True,

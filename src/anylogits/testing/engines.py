@@ -324,6 +324,20 @@ class MlxEngine:
 VLLM_MAX_NUM_SEQS = 4  # fewer than a batch of 8: later requests join as rows free up
 
 
+def vllm_environment(scratch: Path) -> dict[str, str]:
+    """The environment settings of every vLLM process the suite starts on the tiny model
+    (an offline engine, a server, a script): a small KV cache, caches under ``scratch``,
+    nothing fetched or reported over the network."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+        "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
 class VllmEngine:
     """vLLM's offline ``LLM`` with the V1 model runner in this process (CPU, float32), the
     anylogits processor class registered (one that counts the batch updates it gets),
@@ -347,8 +361,7 @@ class VllmEngine:
 
         settings = {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this process: a fast start
-            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
-            "VLLM_CACHE_ROOT": str(scratch / "vllm-cache"),
+            **vllm_environment(scratch),
         }
         # Set while the engine starts only: a vLLM server started later inherits os.environ.
         added = {name: value for name, value in settings.items() if name not in os.environ}
