@@ -15,7 +15,8 @@ That callback is the first sampler of llama.cpp's chain, and edited logits alone
 leave llama.cpp normalizing and drawing over every token of the vocabulary, the ones our
 processors set to ``-inf`` included. When a ``logits_processor`` list holds our hook, the
 callback therefore also tells llama.cpp which candidates are left (see
-:class:`CandidateSetSampler`), as its own truncating samplers do.
+:class:`CandidateSetSampler`), as its own truncating samplers do; the list's processors
+then get a contiguous copy of the logits instead of the strided view.
 """
 
 from __future__ import annotations
