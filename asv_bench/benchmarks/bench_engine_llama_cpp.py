@@ -11,6 +11,8 @@ parameters. Runs of both sides are interleaved in one process.
 
 Jobs: ``chain`` (:data:`common.CHAIN_NATIVE`) and ``repetition`` (RepetitionPenalty 1.3
 alone against llama.cpp's ``repeat_penalty=1.3``, no truncation on either side).
+llama.cpp penalizes the last 64 tokens (``last_n_tokens_size``), ours the whole history:
+at 64 new tokens after a short prompt that is about the same set.
 """
 
 from __future__ import annotations
