@@ -4,6 +4,7 @@ GGUF form (generation against transformers is in ``test_generation``)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 from typing import Any
 
@@ -20,7 +21,12 @@ from anylogits import (  # noqa: E402
     LogitBias,
     LogitsProcessor,
     MinNewTokens,
+    MinP,
+    RepetitionPenalty,
     SuppressTokens,
+    Temperature,
+    TopK,
+    TopP,
     Vocabulary,
     for_llama_cpp,
 )
@@ -158,6 +164,78 @@ def test_logit_bias_next_to_our_processors_keeps_both(engine: LlamaCppEngine, ll
     )
     assert both["choices"][0]["text"] == llm.detokenize(expected).decode("utf-8", "replace")
     assert len(hook) == 1  # the caller's list is left as it was
+
+
+# -- llama.cpp samples only from the candidates our processors leave --------------------
+
+SAMPLING_OFF = {"temp": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0}
+
+
+def _candidate_array(logits: np.ndarray) -> tuple[Any, np.ndarray]:
+    """A ``llama_token_data_array`` over ``logits``, built as llama.cpp builds one (ids in
+    order, unsorted, nothing selected), and the numpy records it points to."""
+    record = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+    records = np.zeros(len(logits), dtype=record)
+    records["id"] = np.arange(len(logits))
+    records["logit"] = logits
+    array = llama_cpp.llama_token_data_array(
+        data=records.ctypes.data_as(llama_cpp.llama_token_data_p),
+        size=len(logits),
+        selected=-1,
+        sorted=False,
+    )
+    return array, records
+
+
+@pytest.mark.parametrize(
+    ("processors", "left"),
+    [
+        (lambda: [RepetitionPenalty(1.3), TopK(40), MinP(0.05), Temperature(0.8)], "some"),
+        (lambda: [TopK(1)], "one"),
+        (lambda: [RepetitionPenalty(1.3)], "all"),
+    ],
+    ids=["truncated", "one_left", "none_removed"],
+)
+def test_the_next_sampler_in_llama_cpps_chain_sees_only_the_candidates_left(
+    engine: LlamaCppEngine, llm: Any, processors: Any, left: str
+) -> None:
+    prompt = engine.encode(COUNTING)
+    engine.generate(prompt, for_llama_cpp(*processors(), model=llm), n=2)
+    chain = llm._sampler  # the chain generate() built: our sampler, penalties, greedy
+    logits = np.random.default_rng(0).normal(0.0, 5.0, llm.n_vocab()).astype(np.float32)
+    array, records = _candidate_array(logits)
+    llama_cpp.llama_sampler_apply(chain.sampler, ctypes.byref(array))
+
+    expected = np.asarray(for_llama_cpp(*processors(), model=llm)[0](llm._input_ids, logits.copy()))
+    kept = np.flatnonzero(expected != -np.inf)
+    assert {"some": 1 < len(kept) < len(logits), "one": len(kept) == 1}.get(left, True)
+    assert array.size == len(kept)
+    assert records["id"][: array.size].tolist() == kept.tolist()  # in order, ids paired
+    assert records["logit"][: array.size].tolist() == expected[kept].tolist()
+    assert records["id"][array.selected] == kept[np.argmax(expected[kept])]  # greedy's pick
+
+
+@pytest.mark.parametrize(
+    "native",
+    [SAMPLING_OFF, {"temp": 0.7, "top_k": 20, "top_p": 0.95, "min_p": 0.02, "repeat_penalty": 1.1}],
+    ids=["ours_only", "with_native_samplers"],
+)
+def test_sampling_from_the_candidates_left_draws_the_tokens_of_the_full_array(
+    engine: LlamaCppEngine, llm: Any, native: dict[str, Any]
+) -> None:
+    prompt = engine.encode(COUNTING)
+
+    def sampled(seed: int, shrink: bool) -> list[int]:
+        hook = for_llama_cpp(RepetitionPenalty(1.3), TopK(50), TopP(0.9), model=llm)
+        if not shrink:  # a plain callable in the list: llama-cpp-python's own sampler
+            inner = hook[0]
+            hook = [lambda input_ids, scores: inner(input_ids, scores)]
+        llm.set_seed(seed)
+        return engine.generate(prompt, hook, n=24, **native)
+
+    for seed in range(3):
+        assert sampled(seed, shrink=True) == sampled(seed, shrink=False)
+    assert len({tuple(sampled(seed, shrink=True)) for seed in range(3)}) > 1  # it samples
 
 
 # -- failures stop generation and reach the caller --------------------------------------

@@ -10,6 +10,13 @@ printed and swallowed (generation would go on with unprocessed logits), and a ``
 result turns every logit into NaN. A failing hook therefore forces end-of-sequence, and
 the model's ``generate`` (which ``create_completion``, ``__call__`` and
 ``create_chat_completion`` all run through) re-raises the original exception.
+
+That callback is the first sampler of llama.cpp's chain, and edited logits alone would
+leave llama.cpp normalizing and drawing over every token of the vocabulary, the ones our
+processors set to ``-inf`` included. When a ``logits_processor`` list holds our hook, the
+callback therefore also tells llama.cpp which candidates are left (see
+:class:`CandidateSetSampler`), as its own truncating samplers do; the list's processors
+then get a contiguous copy of the logits instead of the strided view.
 """
 
 from __future__ import annotations
@@ -99,7 +106,9 @@ def for_llama_cpp(
         *processors: anylogits processors (or pipelines), applied in the order given.
         model: the ``llama_cpp.Llama`` that will generate; its own vocabulary is used,
             and its ``generate`` is wrapped (once) so that a processor error stops the
-            generation and is raised to the caller instead of being swallowed.
+            generation and is raised to the caller instead of being swallowed. Its
+            ``_init_sampler`` is wrapped (once) too, so that llama.cpp samples only from
+            the candidates the processors leave (:class:`CandidateSetSampler`).
 
     Example::
 
@@ -119,7 +128,90 @@ def for_llama_cpp(
         )
     vocab = vocabulary_of(model)
     hook = LlamaCppLogitsProcessor(Pipeline(processors, vocab), model.token_eos(), _guard(model))
+    _shrink_candidates(model)
     return AnyLogitsProcessorList([hook])
+
+
+class CandidateSetSampler:
+    """The callback of the custom sampler llama-cpp-python builds for a ``logits_processor``
+    list, with llama.cpp's candidate array shrunk to the tokens the processors left.
+
+    It runs the list as llama-cpp-python does (each processor gets the history and the
+    logits, and returns the new logits), on a contiguous copy of the logit column, then
+    moves the candidates whose logit is not ``-inf`` to the front of llama.cpp's array, in
+    their order, and sets its ``size``. A removed candidate had probability zero in every
+    sampler after ours (penalties, grammar, truncations, temperature, ``dist``, greedy), and
+    the kept ones keep their order, so the sampled token is the one the full array gives
+    under the same seed; llama.cpp's samplers then work on those few candidates. Nothing
+    is removed when every candidate is left or none is.
+
+    Args:
+        model: the model whose history (``_input_ids``) the processors are given.
+        processors: the ``logits_processor`` list.
+    """
+
+    def __init__(self, model: llama_cpp.Llama, processors: list[Any]) -> None:
+        self.model = model
+        self.processors = processors
+
+    def __call__(self, candidates_pointer: Any) -> None:
+        candidates = candidates_pointer.contents
+        records = _candidate_records(candidates)
+        # The processors run on a contiguous copy (faster than on the strided column, and
+        # only the kept candidates need writing back); torch copies strided memory about
+        # twice as fast as numpy.
+        column = torch.from_numpy(records["logit"])
+        scores = column.clone(memory_format=torch.contiguous_format)
+        logits = scores.numpy()
+        input_ids = self.model._input_ids
+        for processor in self.processors:
+            logits[:] = processor(input_ids, logits)
+        kept = logits != -np.inf
+        count = int(np.count_nonzero(kept))
+        if count in (0, len(logits)):
+            column.copy_(scores)
+            return
+        positions = np.flatnonzero(kept)
+        front = records[positions]
+        front["logit"] = logits[positions]
+        records[:count] = front
+        candidates.size = count
+
+
+_CANDIDATE_RECORD = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+
+
+def _candidate_records(candidates: Any) -> np.ndarray:
+    """llama.cpp's ``llama_token_data`` records, ``(id, logit, p)``, as a numpy view."""
+    size = candidates.size
+    address = ctypes.addressof(candidates.data.contents)
+    buffer = (ctypes.c_char * (size * _CANDIDATE_RECORD.itemsize)).from_address(address)
+    return np.frombuffer(buffer, dtype=_CANDIDATE_RECORD)
+
+
+def _shrink_candidates(model: llama_cpp.Llama) -> None:
+    """Wrap ``model._init_sampler`` once: a sampler chain built for a ``logits_processor``
+    list that holds our hook runs it through :class:`CandidateSetSampler`."""
+    if model.__dict__.get("_anylogits_candidate_sets"):
+        return
+    original = model._init_sampler
+
+    @functools.wraps(original)
+    def init_sampler(*args: Any, **kwargs: Any) -> Any:
+        sampler = original(*args, **kwargs)
+        processors = kwargs.get("logits_processor")
+        if processors is not None and any(
+            isinstance(processor, LlamaCppLogitsProcessor) for processor in processors
+        ):
+            # llama-cpp-python adds the list's custom sampler first in the chain; its C
+            # callback calls the `apply_func` attribute, looked up on every call.
+            position, custom = sampler.custom_samplers[0]
+            if position == 0:
+                custom.apply_func = CandidateSetSampler(model, processors)
+        return sampler
+
+    model._init_sampler = init_sampler  # type: ignore[method-assign]
+    model._anylogits_candidate_sets = True  # type: ignore[attr-defined]
 
 
 def _guard(model: llama_cpp.Llama) -> HookFailures:

@@ -1,0 +1,111 @@
+"""Issue 17, end to end on llama.cpp: per-token generation time with anylogits processors
+against llama.cpp's own sampler parameters doing the same job.
+
+llama-cpp-python (``Llama.generate``) on the tiny model's GGUF (real 128k llama-bpe
+vocabulary), one thread, 64 new tokens per run from the same prompt, sampled (not
+greedy). Ours: ``for_llama_cpp(*processors)`` with every llama.cpp truncation,
+temperature and penalty switched off (``top_k=0``, ``top_p=1.0``, ``min_p=0.0``,
+``typical_p=1.0``, ``temp=1.0``, ``repeat_penalty=1.0`` are llama.cpp's "off" values), so
+llama.cpp only draws from our logits. Native: the same job as ``Llama.generate``
+parameters. Runs of both sides are interleaved in one process.
+
+Jobs: ``chain`` (:data:`common.CHAIN_NATIVE`) and ``repetition`` (RepetitionPenalty 1.3
+alone against llama.cpp's ``repeat_penalty=1.3``, no truncation on either side).
+llama.cpp penalizes the last 64 tokens (``last_n_tokens_size``), ours the whole history:
+at 64 new tokens after a short prompt that is about the same set.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+from . import common
+
+NEW_TOKENS = 64
+PROMPT = "Once upon a time, in a land far away, there lived"
+OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "temp": 1.0}
+
+
+def _load() -> Any:
+    try:
+        import llama_cpp
+    except ImportError:
+        raise NotImplementedError("llama-cpp-python is not installed") from None
+    from anylogits.testing.tiny_model import build_tiny_gguf
+
+    return llama_cpp.Llama(
+        model_path=str(build_tiny_gguf()),
+        n_ctx=512,
+        n_threads=1,
+        n_threads_batch=1,
+        seed=0,
+        verbose=False,
+    )
+
+
+def _jobs() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Per job: (the anylogits processors, factory; llama.cpp's parameters)."""
+    from anylogits import RepetitionPenalty
+
+    native = common.CHAIN_NATIVE
+    penalty = native["repetition_penalty"]
+    return {
+        "chain": (
+            common.chain_processors,
+            {
+                "repeat_penalty": penalty,
+                "top_k": native["top_k"],
+                "top_p": native["top_p"],
+                "min_p": native["min_p"],
+                "typical_p": 1.0,
+                "temp": native["temperature"],
+            },
+        ),
+        "repetition": (lambda: [RepetitionPenalty(penalty)], {**OFF, "repeat_penalty": penalty}),
+    }
+
+
+class EngineVsNativeLlamaCpp:
+    """Per-token generation time, anylogits processors / llama.cpp's native parameters."""
+
+    params = (["chain", "repetition"],)
+    param_names = ["job"]
+    timeout = 600
+
+    def setup(self, job: str) -> None:
+        from anylogits import for_llama_cpp
+
+        self.llm = _load()
+        self.prompt = self.llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+        processors, native = _jobs()[job]
+        ours = {**OFF, "repeat_penalty": 1.0}
+
+        def run_ours(hook: Any) -> None:
+            self._generate(logits_processor=hook, **ours)
+
+        def run_native(_: None) -> None:
+            self._generate(**native)
+
+        def fresh_hook() -> Any:
+            return for_llama_cpp(*processors(), model=self.llm)
+
+        ours_seconds, native_seconds = common.best_times(
+            (run_ours, fresh_hook), (run_native, lambda: None), repeat=5, max_number=3
+        )
+        self.ours_ms = ours_seconds * 1e3 / NEW_TOKENS
+        self.native_ms = native_seconds * 1e3 / NEW_TOKENS
+
+    def _generate(self, **options: Any) -> None:
+        self.llm.set_seed(0)
+        tokens = list(islice(self.llm.generate(self.prompt, **options), NEW_TOKENS))
+        assert len(tokens) == NEW_TOKENS
+
+    def track_ours_over_native(self, job: str) -> float:
+        return self.ours_ms / self.native_ms
+
+    def track_native_ms_per_token(self, job: str) -> float:
+        return self.native_ms
+
+    def track_ours_ms_per_token(self, job: str) -> float:
+        return self.ours_ms
