@@ -167,7 +167,7 @@ def test_the_counter_sees_every_kind_of_host_read() -> None:
 # Rows as an engine hands them
 # ---------------------------------------------------------------------------------------
 
-# A byte-level vocabulary with a few merges (texts take fewer tokens than bytes), filler
+# A byte-level vocabulary with a few merges (DRY finds breakers across tokens), filler
 # tokens up to 4,096 (wide enough for the truncations' top-k chunks to matter), an EOS,
 # and logits padded wider than the vocabulary.
 _MERGES = (b"12", b" 1", b"ab", b" Sure", b"\n\n", b"x\n")
@@ -177,21 +177,9 @@ VOCAB = Vocabulary(
     tokens=(*_BYTES_AND_MERGES, *_FILLER, b"</s>"),
     eos_token_ids=frozenset({4095}),
     special_token_ids=frozenset({4095}),
-    encode=lambda text: _greedy_encode(text.encode("utf-8")),
+    encode=lambda text: list(text.encode("utf-8")),  # byte by byte: merges never apply
 )
 WIDTH = VOCAB.size + 8
-
-
-def _greedy_encode(data: bytes) -> list[int]:
-    ids = []
-    while data:
-        token_id = max(
-            (i for i, token in enumerate(_BYTES_AND_MERGES) if data.startswith(token)),
-            key=lambda i: len(_BYTES_AND_MERGES[i]),
-        )
-        ids.append(token_id)
-        data = data[len(_BYTES_AND_MERGES[token_id]) :]
-    return ids
 
 
 # Ragged prompts with repeats (DRY, NoRepeatNGram and the penalties find work).
@@ -328,16 +316,20 @@ HOST_READS: dict[str, tuple[int, str]] = {
     ),
     "xtc": (0, "stateful: coin flips are in the state (host), the removal is on the device"),
     "cite_from_prompt": (0, "stateful: prompt ids are host tensors in the state, sent as is"),
-    "multiple_choice": (0, "stateful: first-word ids are in the state"),
-    "multiple_choice (text)": (0, "stateful: first-word ids are in the state"),
-    "trigger_phrase": (0, "stateful: phrase positions are in the state"),
-    "trigger_phrase (text)": (0, "stateful: phrase positions are in the state"),
+    **dict.fromkeys(
+        ("multiple_choice", "multiple_choice (text)"),
+        (0, "stateful: first-word ids are in the state"),
+    ),
+    **dict.fromkeys(
+        ("trigger_phrase", "trigger_phrase (text)"),
+        (0, "stateful: phrase positions are in the state"),
+    ),
     "stop_strings": (0, "stateful: whether a row stopped is in the state"),
     "stateful_probe": (0, "stateful: the bias per row is in the state"),
-    "json_schema": (0, "stateful: the grammar's bitmask is filled on the host, then applied"),
-    "regex": (0, "stateful: the grammar's bitmask is filled on the host, then applied"),
-    "choice": (0, "stateful: the grammar's bitmask is filled on the host, then applied"),
-    "grammar": (0, "stateful: the grammar's bitmask is filled on the host, then applied"),
+    **dict.fromkeys(
+        ("json_schema", "regex", "choice", "grammar"),
+        (0, "stateful: the grammar's bitmask is filled on the host, then applied"),
+    ),
 }
 
 # A second configuration of each stateless case whose class stacks rows with different
@@ -498,25 +490,27 @@ _STATELESS = sorted(name for name, spec in CASES.items() if not _is_stateful(spe
 def engine_batches(draw: st.DrawFn) -> tuple[Batch, torch.Tensor]:
     """Ragged right-aligned rows (empty ones too), prompts of any length, and logits."""
     rows = draw(st.integers(1, 4))
-    width = draw(st.integers(0, 10))
+    width = draw(st.integers(0, 16))
     lengths = [draw(st.integers(0, width)) for _ in range(rows)]
     prompt_lengths = [draw(st.integers(0, length)) for length in lengths]
-    ids = torch.tensor(
-        [[draw(st.sampled_from(_IDS)) for _ in range(width)] for _ in range(rows)],
-        dtype=torch.int64,
-    ).reshape(rows, width)
+    ids = [[draw(st.sampled_from(_IDS)) for _ in range(width)] for _ in range(rows)]
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]))
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     logits = (torch.randn(rows, WIDTH, generator=generator) * 3).to(dtype)
     logits[:, draw(st.integers(0, WIDTH - 1))] = float("-inf")
-    batch = Batch(
-        rows,
-        ids,
+    return rows_batch(ids, lengths, prompt_lengths), logits
+
+
+def rows_batch(ids: list[list[int]], lengths: list[int], prompt_lengths: list[int]) -> Batch:
+    """A Batch of right-aligned rows of equal width, as a backend passes them."""
+    history = torch.tensor(ids, dtype=torch.int64).reshape(len(ids), len(ids[0]))
+    return Batch(
+        len(ids),
+        history,
         lengths=torch.tensor(lengths),
         prompt_lengths=torch.tensor(prompt_lengths),
         vocab=VOCAB,
     )
-    return batch, logits
 
 
 def _bound(spec: dict[str, Any]) -> LogitsProcessor:
@@ -573,18 +567,9 @@ EDGE_BATCHES = {
 
 @pytest.mark.parametrize("name", sorted(EDGE_BATCHES))
 def test_both_branches_agree_on_edge_batches(name: str) -> None:
-    ids, lengths, prompt_lengths = EDGE_BATCHES[name]
-    rows = len(ids)
-    history = torch.tensor(ids, dtype=torch.int64).reshape(rows, -1)
-    batch = Batch(
-        rows,
-        history,
-        lengths=torch.tensor(lengths),
-        prompt_lengths=torch.tensor(prompt_lengths),
-        vocab=VOCAB,
-    )
-    logits = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows)) * 3
-    assert_both_branches_agree(batch, logits)
+    batch = rows_batch(*EDGE_BATCHES[name])
+    generator = torch.Generator().manual_seed(batch.size)
+    assert_both_branches_agree(batch, torch.randn(batch.size, WIDTH, generator=generator) * 3)
 
 
 def test_dry_finds_multi_token_breakers_without_host_reads() -> None:

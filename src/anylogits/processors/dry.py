@@ -65,7 +65,9 @@ class DRY(LogitsProcessor):
     rounds, each one ``torch.unique`` of the searched history (none while no repeat of
     two tokens or more exists). Multi-token breakers are found with one rolling hash
     per tail length (at most 20), however many breakers there are. Python loops never
-    run over rows, history, breakers or vocabulary.
+    run over rows, history, breakers or vocabulary. On an accelerator nothing is read
+    back to the host: every round runs (a sort instead of ``torch.unique``) and breakers
+    are compared at every position, with the same result.
 
     Arithmetic as llama.cpp's: ``multiplier`` and ``base`` are rounded to float32 (kept
     float64 for float64 logits), ``multiplier * base ** exponent`` is computed in double
