@@ -594,3 +594,9 @@ def test_dry_ranks_blocks_as_torch_unique_does(values: list[int], rows: int) -> 
     ranks, count = _dense_ranks(blocks)
     assert torch.equal(ranks, inverse)
     assert int(count) == distinct.numel()
+
+
+if __name__ == "__main__":
+    for line in host_read_table():
+        print(" | ".join(map(str, line)))
+    print("SlotBatch.process | SlotBatch |", dict(count_slot_batch_reads()))
