@@ -4,10 +4,12 @@ columns, EOS ids and token sequences matched against the history."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, token_id_list
 
@@ -51,7 +53,8 @@ def history_within(
     Padding and ids ``>= width`` (models whose embedding is wider than their LM head) are
     replaced by an id the same row already holds, so gathering / scattering them only
     repeats work done for that id. Also returns which rows hold any usable id (``None``
-    when all do); rows that hold none must be left unchanged.
+    when all do, found out only where reading the history is free: see
+    :func:`host_sync_allowed`); rows that hold none must be left unchanged.
     """
     ids = batch.token_ids
     lengths = batch.lengths.to(ids.device)
@@ -59,11 +62,12 @@ def history_within(
         # Right-aligned: every row's last tokens share the last columns.
         ids = ids[:, -last:]
         lengths = lengths.clamp(max=last)
+    readable = host_sync_allowed(ids)
     usable = ids < width
-    if lengths.min() < ids.shape[1]:
+    if not readable or lengths.min() < ids.shape[1]:
         columns = torch.arange(ids.shape[1], device=ids.device)
         usable &= columns >= (ids.shape[1] - lengths)[:, None]
-    if bool(usable.all()):
+    if ids.shape[1] == 0 or (readable and bool(usable.all())):
         return ids, None
     fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
     return torch.where(usable, ids, fill.clamp(min=0)), (fill >= 0)
@@ -118,38 +122,53 @@ def no_eos(owner: str) -> ValueError:
     )
 
 
-def row_columns(ids_per_row: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat ``(row, column)`` index tensors of per-row token ids."""
-    rows = [row for row, ids in enumerate(ids_per_row) for _ in ids]
-    columns = [token_id for ids in ids_per_row for token_id in ids]
-    return torch.tensor(rows, dtype=torch.int64), torch.tensor(columns, dtype=torch.int64)
+class RowColumns:
+    """Per-row token ids as flat ``(rows, columns)`` indices into the logits, with an
+    optional value per id: checked against the logits width once and kept per device,
+    so a call neither reads the device for a range check nor copies indices to it."""
 
-
-def index_on_logits(logits: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> tuple:
-    """``(rows, columns)`` on the logits' device; ``ValueError`` for a column past the row."""
-    if columns.numel() and int(columns.max()) >= logits.shape[-1]:
-        raise ValueError(
-            f"token id {int(columns.max())} is outside the logits row of {logits.shape[-1]} ids"
+    def __init__(
+        self, name: str, ids_per_row: list[list[int]], values: list[float] | None = None
+    ) -> None:
+        self.columns = TokenColumns(
+            name, tuple(token_id for ids in ids_per_row for token_id in ids)
         )
-    return rows.to(logits.device), columns.to(logits.device)
+        self._rows = tuple(row for row, ids in enumerate(ids_per_row) for _ in ids)
+        self._values = values
+        self._tensors: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def on(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, columns)`` on the logits' device; ``ValueError`` for an id past the row."""
+        columns = self.columns.on(logits)
+        return self._tensor(self._rows, logits.device, torch.int64), columns
+
+    def values_on(self, logits: torch.Tensor) -> torch.Tensor:
+        """The values, one per id, in the logits' dtype and on their device."""
+        assert self._values is not None
+        return self._tensor(self._values, logits.device, logits.dtype)
+
+    def _tensor(
+        self, values: Sequence[Any], device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        key = (device, dtype)
+        tensor = self._tensors.get(key)
+        if tensor is None:
+            # float64 first: the values round once, as a float64 tensor moved to ``dtype``.
+            source = torch.float64 if dtype.is_floating_point else dtype
+            tensor = torch.tensor(values, dtype=source).to(device, dtype)
+            self._tensors[key] = tensor
+        return tensor
 
 
-def add_rows(
-    logits: torch.Tensor,
-    batch: Batch,
-    rows: torch.Tensor,
-    columns: torch.Tensor,
-    values: torch.Tensor,
-) -> torch.Tensor:
-    index = index_on_logits(logits, rows, columns)
-    return logits.index_put_(index, values.to(logits.device, logits.dtype), accumulate=True)
+def add_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:
+    """Add ``index``'s values at its ids, row by row, in place."""
+    return logits.index_put_(index.on(logits), index.values_on(logits), accumulate=True)
 
 
-def suppress_rows(
-    logits: torch.Tensor, batch: Batch, rows: torch.Tensor, columns: torch.Tensor
-) -> torch.Tensor:
+def suppress_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:
+    """Set ``index``'s ids to ``-inf``, row by row, in place."""
     minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-    return logits.index_put_(index_on_logits(logits, rows, columns), minus_inf)
+    return logits.index_put_(index.on(logits), minus_inf)
 
 
 class SequenceEnds:

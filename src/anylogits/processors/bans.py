@@ -16,6 +16,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.limits import check_items, check_text
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
     encode,
@@ -24,7 +25,7 @@ from anylogits.processors._checks import (
     token_id_list,
     token_sequence,
 )
-from anylogits.processors._ops import SequenceEnds, TokenColumns, row_columns, suppress_rows
+from anylogits.processors._ops import RowColumns, SequenceEnds, TokenColumns, suppress_rows
 
 
 class SuppressTokens(LogitsProcessor):
@@ -63,8 +64,8 @@ class SuppressTokens(LogitsProcessor):
 
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        rows, columns = row_columns([list(p.token_ids) for p in processors])  # type: ignore[attr-defined]
-        return RowwiseProcessor(suppress_rows, rows=rows, columns=columns)
+        ids_per_row = [list(p.token_ids) for p in processors]  # type: ignore[attr-defined]
+        return RowwiseProcessor(suppress_rows, index=RowColumns("token_ids", ids_per_row))
 
 
 class BadWords(LogitsProcessor):
@@ -184,14 +185,15 @@ class NoRepeatNGram(LogitsProcessor):
             return logits
         windows = ids.unfold(1, n, 1)  # (B, W, n), W = L - n + 1
         matches = (windows[..., :-1] == ids[:, width - n + 1 :].unsqueeze(1)).all(-1)
-        if batch.lengths.min() < width:
+        lengths = batch.lengths.to(ids.device)
+        readable = host_sync_allowed(lengths)
+        if not readable or lengths.min() < width:
             # A window must lie inside the row, and the row must hold n - 1 tokens.
             starts = torch.arange(windows.shape[1], device=ids.device)
-            row_starts = (width - batch.lengths.to(ids.device))[:, None]
-            inside = (starts >= row_starts) & (batch.lengths.to(ids.device) >= n)[:, None]
+            inside = (starts >= (width - lengths)[:, None]) & (lengths >= n)[:, None]
             matches &= inside
         followers = windows[..., -1]
-        if int(followers.max()) >= logits.shape[-1]:
+        if not readable or int(followers.max()) >= logits.shape[-1]:
             # Ids beyond the logits (embedding wider than the LM head) cannot be banned.
             matches &= followers < logits.shape[-1]
             followers = followers.clamp(max=logits.shape[-1] - 1)

@@ -19,13 +19,13 @@ from anylogits.core.processor import LogitsProcessor, RowwiseProcessor, Stateful
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import boolean, finite_float, ids_within, token_sequence
 from anylogits.processors._ops import (
+    RowColumns,
     SequenceEnds,
     TokenColumns,
     add_rows,
     eos_columns,
     eos_ids,
     no_eos,
-    row_columns,
 )
 
 
@@ -86,9 +86,10 @@ class LogitBias(LogitsProcessor):
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
         biases = [p.bias for p in processors]  # type: ignore[attr-defined]
-        rows, columns = row_columns([list(bias) for bias in biases])
-        values = torch.tensor([v for bias in biases for v in bias.values()], dtype=torch.float64)
-        return RowwiseProcessor(add_rows, rows=rows, columns=columns, values=values)
+        values = [v for bias in biases for v in bias.values()]
+        return RowwiseProcessor(
+            add_rows, index=RowColumns("bias", [list(bias) for bias in biases], values)
+        )
 
 
 def _token_id_key(key: int | str) -> int:
@@ -313,14 +314,23 @@ class CiteFromPrompt(StatefulLogitsProcessor[_PromptTokens]):
 
 def _add_per_row(logits: torch.Tensor, ids_per_row: list[torch.Tensor], value: float) -> None:
     """Add ``value`` to row ``b``'s distinct ``ids_per_row[b]`` (ids past the row skipped),
-    with the zoo's ``scores[i, ids] += value`` arithmetic."""
-    counts = torch.tensor([ids.numel() for ids in ids_per_row])
-    if not int(counts.sum()):
+    with the zoo's ``scores[i, ids] += value`` arithmetic, reading nothing on the host."""
+    counts = [ids.numel() for ids in ids_per_row]
+    total = sum(counts)
+    if not total:
         return
-    columns = torch.cat(ids_per_row).to(logits.device)
-    rows = torch.repeat_interleave(torch.arange(len(ids_per_row)), counts).to(logits.device)
+    device = logits.device
+    columns = torch.cat(ids_per_row).to(device)
+    rows = torch.repeat_interleave(
+        torch.arange(len(counts)), torch.tensor(counts), output_size=total
+    ).to(device)
+    # An id past the row is replaced by the row's largest id (boosted anyway: the write
+    # repeats), or, in a row without one, written back unchanged.
     inside = columns < logits.shape[1]
-    index = (rows[inside], columns[inside])
+    largest = torch.full((len(counts),), -1, dtype=columns.dtype, device=device)
+    largest = largest.scatter_reduce_(0, rows, torch.where(inside, columns, -1), reduce="amax")[
+        rows
+    ]
+    index = (rows, torch.where(inside, columns, largest.clamp(min=0)))
     values = logits[index]
-    values += value
-    logits[index] = values
+    logits[index] = torch.where(largest >= 0, values + value, values)

@@ -19,6 +19,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.cache import LeastRecentlyUsed
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
 from anylogits.processors._ops import opmath, row_values
@@ -64,7 +65,9 @@ class DRY(LogitsProcessor):
     rounds, each one ``torch.unique`` of the searched history (none while no repeat of
     two tokens or more exists). Multi-token breakers are found with one rolling hash
     per tail length (at most 20), however many breakers there are. Python loops never
-    run over rows, history, breakers or vocabulary.
+    run over rows, history, breakers or vocabulary. On an accelerator nothing is read
+    back to the host: every round runs (a sort instead of ``torch.unique``) and breakers
+    are compared at every position, with the same result.
 
     Arithmetic as llama.cpp's: ``multiplier`` and ``base`` are rounded to float32 (kept
     float64 for float64 logits), ``multiplier * base ** exponent`` is computed in double
@@ -150,6 +153,7 @@ class DRY(LogitsProcessor):
             bases=row_values([self.base]),
             allowed_lengths=torch.tensor([self.allowed_length]),
             last_ns=torch.tensor([self.penalty_last_n]),
+            widest=_widest_window([self.penalty_last_n]),
         )
 
     @classmethod
@@ -168,7 +172,13 @@ class DRY(LogitsProcessor):
             bases=row_values([p.base for p in rows]),
             allowed_lengths=torch.tensor([p.allowed_length for p in rows]),
             last_ns=torch.tensor([p.penalty_last_n for p in rows]),
+            widest=_widest_window([p.penalty_last_n for p in rows]),
         )
+
+
+def _widest_window(last_ns: list[int]) -> int | None:
+    """The most tokens any row searches, when every row caps it (``None``: whole rows)."""
+    return None if min(last_ns) < 0 else max(last_ns)
 
 
 @dataclass(eq=False)
@@ -365,17 +375,27 @@ def _dry_rows(
     bases: torch.Tensor,
     allowed_lengths: torch.Tensor,
     last_ns: torch.Tensor,
+    widest: int | None = None,
 ) -> torch.Tensor:
-    """DRY with one parameter (or one per row) in ``multipliers`` ... ``last_ns``."""
+    """DRY with one parameter (or one per row) in ``multipliers`` ... ``last_ns``;
+    ``widest`` bounds every row's window when known (see :func:`_widest_window`)."""
     device = logits.device
     multipliers, bases = multipliers.to(device), bases.to(device)
     allowed, last_ns = allowed_lengths.to(device), last_ns.to(device)
     lengths = batch.lengths.to(device)
     windows = torch.where(last_ns < 0, lengths, torch.minimum(lengths, last_ns))
     windows = torch.where(multipliers > 0, windows, 0)
-    if not bool((windows > allowed).any()):
-        return logits
-    width = int(windows.max())
+    readable = host_sync_allowed(windows)
+    if readable:
+        if not bool((windows > allowed).any()):
+            return logits
+        width = int(windows.max())
+    else:
+        # The windows are on the device: search as many columns as any row could need.
+        history_width = batch.token_ids.shape[1]
+        width = history_width if widest is None else min(history_width, widest)
+        if width == 0:
+            return logits
     ids = batch.token_ids[:, -width:].to(device)
     columns = torch.arange(width, device=device)
     inside = columns >= (width - windows)[:, None]
@@ -384,11 +404,12 @@ def _dry_rows(
     tokens = torch.where(inside, ids, -1 - columns)
     single, tails = owner.breakers().on(device)
     limits = _repeat_limits(tokens, windows, single, tails)
-    if not bool(((windows > allowed) & (limits >= allowed)).any()):
+    if readable and not bool(((windows > allowed) & (limits >= allowed)).any()):
         return logits
     # The repeat each position ends, cut at the latest breaker: a token after position j
-    # would extend it by one.
-    repeats = torch.minimum(_suffix_match_lengths(tokens, int(limits.max())), limits[:, None])
+    # would extend it by one. Limits never exceed the width.
+    longest = int(limits.max()) if readable else width
+    repeats = torch.minimum(_suffix_match_lengths(tokens, longest), limits[:, None])
     followers = tokens[:, 1:]
     eligible = inside[:, :-1] & (windows > allowed)[:, None] & (repeats >= allowed[:, None])
     eligible &= (followers < logits.shape[-1]) & ~_lookup(single, followers)
@@ -445,6 +466,9 @@ def _repeat_limits(
 def _mark_tail_ends(tokens: torch.Tensor, forms: _TailForms, ends: torch.Tensor) -> None:
     """``ends[b, j] = max(ends[b, j], j + len(tail))`` wherever a multi-token breaker
     starts at ``j`` (its head token there, its tail right after)."""
+    if not host_sync_allowed(tokens):
+        _mark_tail_ends_everywhere(tokens, forms, ends)
+        return
     width = tokens.shape[1]
     # following[..., j, k]: the hash of tokens[j + 1 : j + 2 + k]; the history is padded
     # on the right, and no tail can end in the padding (checked below).
@@ -467,6 +491,33 @@ def _mark_tail_ends(tokens: torch.Tensor, forms: _TailForms, ends: torch.Tensor)
         ends[rows, positions] = torch.maximum(ends[rows, positions], positions + length)
 
 
+def _mark_tail_ends_everywhere(tokens: torch.Tensor, forms: _TailForms, ends: torch.Tensor) -> None:
+    """:func:`_mark_tail_ends` without a host read: every position is compared with
+    every tail, token by token (no hash to find the few candidates first)."""
+    width = tokens.shape[1]
+    for length, tails, _, ids in forms.groups:
+        if length >= width:
+            break
+        starts = width - length
+        # following[b, j]: the ``length`` tokens after position j.
+        following = tokens[:, 1:].unfold(1, length, 1)
+        exact = (following[:, :, None, :] == tails).all(-1)  # (B, starts, tails)
+        heads = tokens[:, :starts, None]
+        found = exact & torch.isin(heads * forms.count + ids, forms.pair_keys) & (heads >= 0)
+        positions = torch.arange(starts, device=tokens.device)
+        marked = ends[:, :starts]
+        marked.copy_(torch.where(found.any(-1), torch.maximum(marked, positions + length), marked))
+
+
+def _dense_ranks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(values, return_inverse=True)``'s inverse and the number of distinct
+    values (a 0-d tensor), without reading anything on the host: rank by sorting."""
+    flat = values.flatten()
+    ordered, order = flat.sort()
+    steps = torch.cat([ordered.new_zeros(1), (ordered[1:] != ordered[:-1]).long()]).cumsum(0)
+    return torch.empty_like(flat).scatter_(0, order, steps).view_as(values), steps[-1] + 1
+
+
 def _suffix_match_lengths(tokens: torch.Tensor, longest: int) -> torch.Tensor:
     """``(B, W - 1)``: for each position ``j``, how many tokens ending at ``j`` equal the
     tokens ending at the last position (exact up to ``longest``, at least ``longest``
@@ -477,22 +528,30 @@ def _suffix_match_lengths(tokens: torch.Tensor, longest: int) -> torch.Tensor:
     themselves; a block reaching left of column 0 gets a number of its own. Each length is
     then grown greedily, largest block first (binary lifting), comparing one block pair
     per level for all positions at once, so the cost is ``log2`` of the longest repeat in
-    rounds, whatever its length. Levels stop early once no block equals the last one.
-    Positions are only compared within a row, so rows share numbers.
+    rounds, whatever its length. Levels stop early once no block equals the last one
+    (where reading that on the host is free: else every level up to ``longest`` is built,
+    which finds the same lengths). Positions are only compared within a row, so rows
+    share numbers.
     """
     batch_size, width = tokens.shape
     lengths = torch.zeros(batch_size, width - 1, dtype=torch.int64, device=tokens.device)
     if longest <= 0 or width < 2:
         return lengths
     columns = torch.arange(width, device=tokens.device)
+    readable = host_sync_allowed(tokens)
     rank = tokens + width  # outside-window sentinels (>= -width) become >= 0
-    classes = int(rank.max()) + 1  # keys below classes ** 2 fit int64 for int32 token ids
+    # Keys below classes ** 2 fit int64 for int32 token ids.
+    classes: int | torch.Tensor = int(rank.max()) + 1 if readable else rank.max() + 1
     ranks = [rank]
-    while (2 << (len(ranks) - 1)) <= longest and bool((rank[:, :-1] == rank[:, -1:]).any()):
+    while (2 << (len(ranks) - 1)) <= longest and (
+        not readable or bool((rank[:, :-1] == rank[:, -1:]).any())
+    ):
         span = 1 << (len(ranks) - 1)
-        if len(ranks) > 1:
+        if len(ranks) > 1 and readable:
             renumbered, rank = torch.unique(rank, return_inverse=True)
             classes = renumbered.numel()
+        elif len(ranks) > 1:
+            rank, classes = _dense_ranks(rank)
         keys = rank[:, :-span] * classes + rank[:, span:]
         crossing = (-1 - columns[:span]).expand(batch_size, span)
         rank = torch.cat([crossing, keys], dim=1)

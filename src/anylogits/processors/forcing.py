@@ -18,6 +18,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
     TextOrIds,
@@ -57,6 +58,31 @@ def force(
     if rows is not None:
         logits.index_copy_(0, rows, part)
     return logits
+
+
+def force_where(
+    logits: torch.Tensor, columns: torch.Tensor, strict: bool, forcing: torch.Tensor
+) -> torch.Tensor:
+    """:func:`force` on the rows where ``forcing`` (``(B,)`` bool) holds, in place.
+
+    ``columns`` (``(B, K)``) holds a line for every row; those of rows not forced are
+    ignored. Where reading ``forcing`` on the host is not free (see
+    :func:`host_sync_allowed`), every row is computed and the forced ones kept: the same
+    values, no host read.
+    """
+    if host_sync_allowed(forcing):
+        rows = forcing.nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return logits
+        return force(logits, columns[rows], strict, rows)
+    if strict:
+        # Rows not forced get their own logits written back at ``columns``.
+        chosen = logits.gather(1, columns)
+        minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+        torch.where(forcing[:, None], minus_inf, logits, out=logits)
+        return logits.scatter_(1, columns, chosen)
+    forced = force(logits.clone(), columns, strict)
+    return torch.where(forcing[:, None], forced, logits, out=logits)
 
 
 class ForceSequence(LogitsProcessor):
@@ -111,10 +137,8 @@ class ForceSequence(LogitsProcessor):
         assert self._columns is not None, "bind() first (Pipeline does)"
         phrase = self._columns.on(logits)
         generated = batch.generated_lengths.to(logits.device)
-        rows = (generated < phrase.shape[0]).nonzero().squeeze(1)
-        if rows.numel() == 0:
-            return logits
-        return force(logits, phrase[generated[rows], None], self.strict, rows)
+        forced = phrase[generated.clamp(0, phrase.shape[0] - 1), None]
+        return force_where(logits, forced, self.strict, generated < phrase.shape[0])
 
 
 class _Forcing(NamedTuple):
@@ -238,10 +262,7 @@ class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
                     self._remember(state.prefix, started)
             forcing |= starts
             forced = torch.where(starts, phrase[0], forced)
-        rows = forcing.nonzero().squeeze(1)
-        if rows.numel() == 0:
-            return logits
-        return force(logits, forced[rows, None], self.strict, rows)
+        return force_where(logits, forced[:, None], self.strict, forcing)
 
 
 class TriggerPhrase(_PhraseOnTrigger):

@@ -15,6 +15,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import finite_float, int_at_least, positive_float
 from anylogits.processors._ops import history_within, opmath, row_values
 
@@ -105,17 +106,24 @@ def _output_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The tokens each row generated after its prompt, as columns of ``width`` logits.
 
-    Returns ``(index, usable, has_any)``, or ``None`` when no row generated anything.
-    ``index`` is the ``(B, G)`` tail of the right-aligned history, ``G`` the longest
-    generation; prompt tokens, padding and ids ``>= width`` (no logit to penalize) are not
-    ``usable`` and are replaced by a usable id of the same row, so reading or writing them
-    repeats work done for that id. ``has_any`` (``(B, 1)``) marks rows holding a usable id.
+    Returns ``(index, usable, has_any)``, or ``None`` when no row generated anything
+    (known where reading the lengths is free, see :func:`host_sync_allowed`, or when the
+    history is empty). ``index`` is the ``(B, G)`` tail of the right-aligned history, ``G``
+    the longest generation (else the whole history); prompt tokens, padding and ids
+    ``>= width`` (no logit to penalize) are not ``usable`` and are replaced by a usable id
+    of the same row, so reading or writing them repeats work done for that id.
+    ``has_any`` (``(B, 1)``) marks rows holding a usable id.
     """
     generated = batch.generated_lengths
-    longest = int(generated.max()) if generated.numel() else 0
+    history = batch.token_ids
+    if host_sync_allowed(generated):
+        # Only the longest generated tail: prompts are often far longer than outputs.
+        longest = int(generated.max()) if generated.numel() else 0
+    else:
+        longest = history.shape[1]  # the tail's length is on the device: take it all
     if longest <= 0:
         return None
-    ids = batch.token_ids[:, -longest:].to(device)
+    ids = history[:, history.shape[1] - longest :].to(device)
     columns = torch.arange(longest, device=device)
     usable = (columns >= (longest - generated.to(device))[:, None]) & (ids < width)
     fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)

@@ -22,6 +22,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import finite_float, int_at_least
 from anylogits.processors._greenlist import (
     GREENLISTS,
@@ -115,8 +116,9 @@ class Watermark(LogitsProcessor):
         if ids.shape[1] < self.context_width:
             return logits
         long_enough = None
-        if batch.lengths.min() < self.context_width:
-            long_enough = (batch.lengths >= self.context_width).to(logits.device)[:, None]
+        lengths = batch.lengths
+        if not host_sync_allowed(lengths) or lengths.min() < self.context_width:
+            long_enough = (lengths >= self.context_width).to(logits.device)[:, None]
         if self.seeding_scheme == "lefthash":
             columns = self._lefthash_greenlists(ids[:, -1], logits.shape[-1])
             green = long_enough
@@ -133,14 +135,18 @@ class Watermark(LogitsProcessor):
         return logits.scatter_(1, columns, raised)
 
     def _lefthash_greenlists(self, previous: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """``(B, G)`` green ids of each row, from its previous token."""
+        """``(B, G)`` green ids of each row, from its previous token.
+
+        The one host read of the lefthash scheme: each seed draws from a CPU generator.
+        """
         size = greenlist_size(vocab_size, self.greenlist_ratio)
-        tokens, row_token = torch.unique(previous.cpu(), return_inverse=True)
-        greenlists = [
-            GREENLISTS.get(lefthash_seed(token, self.hashing_key), vocab_size, size)
-            for token in tokens.tolist()
-        ]
-        return torch.stack([greenlists[index] for index in row_token.tolist()])
+        tokens = previous.tolist()
+        greenlists: dict[int, torch.Tensor] = {}
+        for token in tokens:
+            if token not in greenlists:
+                seed = lefthash_seed(token, self.hashing_key)
+                greenlists[token] = GREENLISTS.get(seed, vocab_size, size)
+        return torch.stack([greenlists[token] for token in tokens])
 
     def _selfhash_green_candidates(
         self, logits: torch.Tensor, ids: torch.Tensor
