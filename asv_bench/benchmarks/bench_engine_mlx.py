@@ -85,7 +85,7 @@ class EngineVsNativeMlx:
         ours_seconds, native_seconds = common.best_times(
             (run_ours, lambda: for_mlx(*processors(), tokenizer=tokenizer)),
             (run_native, lambda: make_logits_processors(**native_processors)),
-            repeat=7,
+            repeat=15,
             max_number=2,
         )
         self.ours_ms = ours_seconds * 1e3 / NEW_TOKENS
