@@ -3,11 +3,11 @@ against mlx-lm's own sampler and logits-processor parameters doing the same job.
 
 mlx-lm's ``generate_step`` (CPU) on the tiny model's Hugging Face folder (real 128k
 llama-bpe vocabulary), 64 new tokens per run from the same prompt, sampled (not greedy),
-``mx.random.seed(0)`` before every run. Ours: ``for_mlx(*processors)`` as
-``logits_processors`` and ``make_sampler(temp=1.0)`` (no truncation, no temperature), so
-mlx-lm only draws from our logits. Native: ``make_logits_processors`` and
-``make_sampler`` with the job's parameters. Runs of both sides are interleaved in one
-process, torch on one thread.
+``mx.random.seed(0)`` before every run; a run is timed whole (prompt included) / 64.
+Ours: ``for_mlx(*processors)`` as ``logits_processors`` and ``make_sampler(temp=1.0)``
+(no truncation, no temperature), so mlx-lm only draws from our logits. Native:
+``make_logits_processors`` and ``make_sampler`` with the job's parameters. Runs of both
+sides are interleaved in one process, torch on one thread.
 
 Jobs: ``chain`` (:data:`common.CHAIN_NATIVE`) and ``repetition`` (RepetitionPenalty 1.3
 alone against ``make_logits_processors(repetition_penalty=1.3)``, both sampled at
