@@ -27,6 +27,7 @@ from mlx_lm.sample_utils import (  # noqa: E402
 
 from anylogits import (  # noqa: E402
     LogitBias,
+    LogitsProcessor,
     MinNewTokens,
     MinP,
     Pipeline,
@@ -37,6 +38,8 @@ from anylogits import (  # noqa: E402
     TopP,
     for_mlx,
 )
+from anylogits.adapters.mlx import MlxLogitsProcessor  # noqa: E402
+from anylogits.core.batch import Batch  # noqa: E402
 from anylogits.testing.engines import NEW_TOKENS, MlxEngine  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
@@ -82,6 +85,51 @@ def test_bfloat16_logits_are_processed_without_numpy(tiny_model_dir: Path) -> No
     banned = sorted(set(plain[:3]))
     ours = mlx_greedy(model, prompt, for_mlx(SuppressTokens(banned), tokenizer=tokenizer), n=8)
     assert ours != plain and not set(ours) & set(banned)
+
+
+class _Halved(LogitsProcessor):
+    """Returns a new tensor instead of editing the logits in place, as a processor may."""
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return logits / 2
+
+
+MX_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits (-0.0 and 0.0 differ), whatever its float dtype."""
+    return tensor.view({2: torch.int16, 4: torch.int32}[tensor.element_size()])
+
+
+@pytest.mark.parametrize("dtype", sorted(MX_DTYPES))
+@pytest.mark.parametrize("shape", [(1, 64), (64,)], ids=["2d", "1d"])
+@pytest.mark.parametrize("token_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("processor", [RepetitionPenalty, _Halved], ids=["in_place", "new"])
+def test_hook_gives_exact_bits_in_the_input_dtype_and_shape_and_keeps_the_input(
+    dtype: str, shape: tuple[int, ...], token_dtype: str, processor: type
+) -> None:
+    """Lazy arrays, as mlx-lm passes them: the result must be bit-exact, in the model's
+    dtype and shape (never through numpy, which has no bfloat16), and in memory of its
+    own: mlx-lm's logits (and the array they came from) must not change."""
+    values = torch.randn(64, generator=torch.Generator().manual_seed(len(shape))) * 3
+    values[:4] = torch.tensor([-0.0, float("inf"), float("-inf"), 0.0])
+    source = mx.array(values.reshape(shape).numpy()).astype(MX_DTYPES[dtype])
+    mx.eval(source)
+    original = torch.from_dlpack(source).clone()
+    history = [5, 7, 7, 0]  # 0 holds -0.0: the penalty keeps its sign
+    tokens = mx.array(history, dtype=getattr(mx, token_dtype)) + 0
+    logits = source * 1
+    build = (lambda: RepetitionPenalty(2.0)) if processor is RepetitionPenalty else _Halved
+    result = MlxLogitsProcessor(Pipeline([build()]))(tokens, logits)
+    expected = Pipeline([build()])(original.reshape(1, -1).clone(), torch.tensor([history]))
+    assert not torch.equal(expected.reshape(shape), original)
+    assert result.dtype == MX_DTYPES[dtype] and result.shape == logits.shape
+    actual = torch.from_dlpack(result)
+    assert torch.equal(_bits(actual.reshape(1, -1)), _bits(expected))
+    for kept in (logits, source):
+        assert torch.equal(_bits(torch.from_dlpack(kept)), _bits(original))
+        assert torch.from_dlpack(kept).data_ptr() != actual.data_ptr()
 
 
 def test_stream_generate_and_generate_accept_the_processors(loaded: Any) -> None:

@@ -7,9 +7,19 @@ mlx-lm calls each processor as ``logits = processor(tokens, logits)``: ``tokens`
 per-sequence list with ``(1, V)`` slices, and speculative decoding calls it once per
 draft position and then truncates: the pipeline's prefix tracker keeps state right.
 
-MLX -> torch is zero-copy through DLPack (it evaluates the lazy array); MLX arrays are
-immutable, so the pipeline works on a copy, and ``mx.array(tensor)`` copies the result
-back. numpy is never on the way, since it has no bfloat16.
+Both arrays are lazy when the hook is called: mlx-lm evaluates a step asynchronously
+(``mx.async_eval``) and keeps the model running while Python prepares the next one. The
+pipeline must read the logits, so the hook waits for the model, and until it returns
+mlx-lm's stream sits idle: what runs after that wait is kept to the pipeline alone.
+
+- The pipeline edits a copy, never mlx-lm's array. The copy is an MLX op (on the bits,
+  exact) evaluated with the model on mlx-lm's stream. Nobody else holds
+  that fresh array, so torch edits it in place through DLPack (zero-copy, bfloat16
+  included) and it goes back to mlx-lm as it is: no copy on the waiting side, none on
+  the way back. Only a processor that returns a new tensor costs a copy back
+  (``mx.array(tensor)``, through DLPack; numpy, which has no bfloat16, is never on the way).
+- The history is cast and evaluated before the model (it only needs the previous token),
+  and converted while the model runs.
 """
 
 from __future__ import annotations
@@ -20,21 +30,40 @@ import mlx.core as mx
 import torch
 
 from anylogits.adapters._hook import PipelineHook
+from anylogits.core.arrays import same_memory
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
+
+_UNSIGNED = {2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
 class MlxLogitsProcessor(PipelineHook):
     """The mlx-lm hook around an anylogits :class:`~anylogits.Pipeline`."""
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        scores = torch.from_dlpack(logits)
-        was_1d = scores.ndim == 1
-        owned = (scores[None] if was_1d else scores).clone()
-        history = torch.from_dlpack(tokens).to(torch.int64).reshape(1, -1)
-        result = self.pipeline(owned, history)
-        return mx.array(result[0] if was_1d else result)
+        owned = _copy(logits)
+        history = tokens.astype(mx.int64).reshape(1, -1)
+        mx.async_eval(history)  # queued first: ready before the model's logits
+        mx.async_eval(owned)
+        token_ids = torch.from_dlpack(history)  # waits for the history only
+        scores = torch.from_dlpack(owned)  # waits for the model
+        view = scores[None] if scores.ndim == 1 else scores
+        result = self.pipeline(view, token_ids)
+        if same_memory(result, view):
+            return owned
+        return mx.array(result.reshape(scores.shape))
+
+
+def _copy(array: mx.array) -> mx.array:
+    """A lazy copy of ``array`` in a buffer of its own, exact to the bit.
+
+    An integer op on the bits: float arithmetic would round nothing either, but costs
+    several times more in bfloat16 / float16 on the CPU. ``array`` is still referenced
+    by the caller, so MLX cannot donate its buffer to the result.
+    """
+    bits = array.view(_UNSIGNED[array.itemsize])
+    return (bits | 0).view(array.dtype)
 
 
 def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[MlxLogitsProcessor]:

@@ -92,24 +92,26 @@ def from_torch(result: torch.Tensor, converted: Converted, *, in_place: bool = F
     native = converted.native
     shaped = result[0] if converted.was_1d else result
     if isinstance(native, torch.Tensor):
-        if in_place and not _same_memory(shaped, native):
+        if in_place and not same_memory(shaped, native):
             native.copy_(shaped)
             return native
         return shaped
     if _is_numpy(native):
         if in_place:
-            if not (converted.shares and _same_memory(result, converted.tensor)):
+            if not (converted.shares and same_memory(result, converted.tensor)):
                 native[...] = shaped.detach().cpu().numpy()
             return native
         return shaped.detach().cpu().numpy()
-    if in_place and not _same_memory(result, converted.tensor):
+    if in_place and not same_memory(result, converted.tensor):
         converted.tensor.copy_(result)
     return shaped
 
 
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` are the same elements of the same memory (same dtype too)."""
     return (
         a.device == b.device
+        and a.dtype == b.dtype
         and a.data_ptr() == b.data_ptr()
         and a.shape == b.shape
         and a.stride() == b.stride()
