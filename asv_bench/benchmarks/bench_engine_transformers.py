@@ -13,7 +13,6 @@ same process, interleaved, one torch thread; the best of :data:`ROUNDS` calls co
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -61,9 +60,7 @@ class EngineVsNativeTransformers:
         ).eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         # No EOS: every call generates exactly NEW_TOKENS tokens.
-        self.config = copy.deepcopy(self.model.generation_config)
-        self.config.eos_token_id = None
-        self.config.pad_token_id = self.tokenizer.eos_token_id
+        self.model.generation_config.eos_token_id = None
         self.prompt = torch.tensor([self.tokenizer.encode(PROMPT)])
         self.job = job
 
@@ -100,7 +97,7 @@ class EngineVsNativeTransformers:
             output = self.model.generate(
                 prompt,
                 attention_mask=torch.ones_like(prompt),
-                generation_config=self.config,
+                pad_token_id=self.tokenizer.eos_token_id,
                 max_new_tokens=NEW_TOKENS,
                 do_sample=True,
                 logits_processor=hooks,

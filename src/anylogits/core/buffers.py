@@ -43,9 +43,9 @@ class ReusedOutputs:
                 and buffer.device == tensor.device
                 and _held_only_by_us(buffer, alone)
             ):
-                # A new tensor object on the buffer's memory: while the caller holds it
+                # A new tensor on the buffer's memory: while the caller holds it
                 # (or a view of it), the storage's count says so.
-                return buffer.view(buffer.shape)
+                return buffer.detach()
         fresh = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
         if _storage_use_count is None:
             return fresh
@@ -56,7 +56,7 @@ class ReusedOutputs:
         ]
         if len(self._buffers) < self.keep:
             self._buffers.append((fresh, _use_count(fresh)))
-            return fresh.view(fresh.shape)
+            return fresh.detach()
         return fresh
 
     def clear(self) -> None:
