@@ -35,3 +35,13 @@ def test_an_output_has_the_inputs_shape_dtype_and_never_its_memory() -> None:
         out = outputs.like(logits)
         assert (out.shape, out.dtype, out.device) == (logits.shape, logits.dtype, logits.device)
         assert out.data_ptr() != logits.data_ptr()
+
+
+def test_a_buffer_made_in_inference_mode_is_not_handed_out_outside_it() -> None:
+    outputs = ReusedOutputs()
+    logits = torch.zeros(2, 3)
+    with torch.inference_mode():
+        inference_memory = outputs.like(logits).data_ptr()
+    out = outputs.like(logits)
+    assert out.data_ptr() != inference_memory
+    out.copy_(logits)  # writable here: raises for an inference tensor

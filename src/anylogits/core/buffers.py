@@ -9,8 +9,10 @@ writes into one of a few buffers it keeps, and takes a buffer only when the tens
 last returned from it (and every view of it) is gone: transformers keeps the result
 (``output_scores=True``) or still holds it in a local variable while it asks for the
 next token, and then gets a fresh tensor. Whether anything else holds a buffer's memory
-is its storage's reference count, the test PyTorch's own CUDA-graph trees use before
-reusing an output's memory. Without that counter every call gets a fresh tensor.
+is its storage's reference count (views and tensors autograd saved count too), the
+test PyTorch's own CUDA-graph trees use before reusing an output's memory. Without that
+counter every call gets a fresh tensor. The kept buffers (two ``(B, V)`` tensors) live
+until the hook is reset or dropped.
 """
 
 from __future__ import annotations
@@ -37,23 +39,14 @@ class ReusedOutputs:
         """An uninitialised tensor with the shape, dtype and device of ``tensor``; it does
         not overlap ``tensor`` nor any tensor returned earlier that is still held."""
         for buffer, alone in self._buffers:
-            if (
-                buffer.shape == tensor.shape
-                and buffer.dtype == tensor.dtype
-                and buffer.device == tensor.device
-                and _held_only_by_us(buffer, alone)
-            ):
+            if _fits(buffer, tensor) and _held_only_by_us(buffer, alone):
                 # A new tensor on the buffer's memory: while the caller holds it
                 # (or a view of it), the storage's count says so.
                 return buffer.detach()
         fresh = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
         if _storage_use_count is None:
             return fresh
-        self._buffers = [
-            (b, alone)
-            for b, alone in self._buffers
-            if b.shape == tensor.shape and b.dtype == tensor.dtype and b.device == tensor.device
-        ]
+        self._buffers = [(b, alone) for b, alone in self._buffers if _fits(b, tensor)]
         if len(self._buffers) < self.keep:
             self._buffers.append((fresh, _use_count(fresh)))
             return fresh.detach()
@@ -67,6 +60,17 @@ class ReusedOutputs:
 def _use_count(tensor: torch.Tensor) -> int:
     assert _storage_use_count is not None
     return int(_storage_use_count(tensor.untyped_storage()._cdata))
+
+
+def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
+    # An inference tensor (made under torch.inference_mode, as transformers' pipelines
+    # run) may not be written outside inference mode.
+    return (
+        buffer.shape == tensor.shape
+        and buffer.dtype == tensor.dtype
+        and buffer.device == tensor.device
+        and (not buffer.is_inference() or torch.is_inference_mode_enabled())
+    )
 
 
 def _held_only_by_us(buffer: torch.Tensor, alone: int) -> bool:
