@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 llguidance = pytest.importorskip("llguidance")
@@ -58,6 +58,8 @@ def apply_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@example(batch=1, words=2, width_extra=31, dtype=torch.float32, seed=0)  # exactly 32 * words
+@example(batch=3, words=2, width_extra=31, dtype=torch.bfloat16, seed=1)
 @given(
     batch=st.integers(1, 5),
     words=st.integers(1, 6),
