@@ -235,6 +235,39 @@ def test_processors_compose_in_one_hook(model: Any, tokenizer: Any) -> None:
     assert_same_and_effective(ours, native, plain)
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_output_logits_stay_raw_and_output_scores_are_each_steps_own(
+    model: Any, tokenizer: Any, do_sample: bool
+) -> None:
+    # generate keeps the tensor it passes (output_logits) and the one the hook returns
+    # (output_scores), step after step: the hook must edit neither in place nor hand the
+    # same memory out twice.
+    from anylogits import Pipeline
+
+    processors = (RepetitionPenalty(1.3), TopK(5))
+    output = model.generate(
+        **tokenizer([COUNTING, "the cat the cat"], return_tensors="pt", padding=True),
+        max_new_tokens=6,
+        do_sample=do_sample,
+        temperature=1.0,
+        top_k=None,
+        top_p=1.0,
+        pad_token_id=tokenizer.pad_token_id,
+        logits_processor=hooked(*processors),
+        return_dict_in_generate=True,
+        output_logits=True,
+        output_scores=True,
+    )
+    assert len(output.logits) == len(output.scores) == 6
+    assert len({scores.data_ptr() for scores in output.scores}) == 6
+    pipeline = Pipeline(processors)
+    width = output.sequences.shape[1] - 6
+    for step, (raw, scores) in enumerate(zip(output.logits, output.scores, strict=True)):
+        assert torch.isfinite(raw).all(), f"step {step}: the raw logits were edited"
+        history = output.sequences[:, : width + step]
+        assert torch.equal(scores, pipeline(raw.clone(), history)), f"step {step}"
+
+
 # -- a stateful probe equals its stateless twin in every decoding mode --------------------
 
 # The tiny model's logits reach ~14: a boost of 12 wins often but not always, so outputs

@@ -90,6 +90,12 @@ def test_structured_benchmarks_run() -> None:
     assert benchmark.track_compile_ms_per_schema() > 0
 
 
+def test_engine_vs_native_transformers_runs() -> None:
+    from benchmarks.bench_engine_transformers import EngineVsNativeTransformers
+
+    run(EngineVsNativeTransformers(), "track_ours_over_native", "repetition")
+
+
 def test_cost_at_limits_runs() -> None:
     from benchmarks.bench_limits import CostAtLimits
 

@@ -194,6 +194,19 @@ def test_pipelines_nest_and_run_in_order() -> None:
     assert out.tolist() == [[10.0, -INF, -INF]]
 
 
+@pytest.mark.parametrize("processors", [[RepetitionPenalty(2.0), TopK(2), Temperature(0.5)], []])
+def test_a_pipeline_writing_to_out_leaves_the_logits_untouched(processors: list) -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0], [0.5, -1.0, 4.0, 2.0]])
+    ids = torch.tensor([[1, 3], [2, 2]])
+    in_place = Pipeline(processors)(logits.clone(), ids)
+    original = logits.clone()
+    out = torch.full_like(logits, 9.0)
+    result = Pipeline(processors)(logits, ids, out=out)
+    assert torch.equal(result, in_place)
+    assert result.data_ptr() == out.data_ptr()  # the first write went to `out`
+    assert torch.equal(logits, original)
+
+
 def test_logits_of_the_wrong_shape_or_dtype_are_rejected() -> None:
     with pytest.raises(ValueError, match=r"logits must be \(batch, vocab\)"):
         Pipeline([TopK(1)])(torch.zeros(3))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 llguidance = pytest.importorskip("llguidance")
@@ -58,6 +58,8 @@ def apply_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@example(batch=1, words=2, width_extra=31, dtype=torch.float32, seed=0)  # exactly 32 * words
+@example(batch=3, words=2, width_extra=31, dtype=torch.bfloat16, seed=1)
 @given(
     batch=st.integers(1, 5),
     words=st.integers(1, 6),
@@ -79,6 +81,29 @@ def test_bitmask_apply_equals_bit_by_bit(
             if word >= words or not (int(bitmask[row, word]) >> bit) & 1:
                 expected[row, token] = float("-inf")
     assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+    # Written to a separate tensor instead: the same result, the input untouched.
+    original = logits.clone()
+    out = torch.full_like(logits, 7.0)
+    assert _bitmask.apply_bitmask(logits, bitmask, out=out) is out
+    assert torch.equal(out, expected)
+    assert torch.equal(logits, original)
+
+
+@pytest.mark.parametrize("padding", [0, 40])
+def test_a_structured_pipeline_writing_to_out_leaves_the_logits_untouched(
+    apply_path: str, padding: int
+) -> None:
+    # Two rows take the fused path (when compiled); padding: logits wider than the vocabulary.
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, EOS + 1 + padding, generator=generator)
+    ids = torch.tensor([[0], [0]])
+    in_place = Pipeline([Regex("[0-9]{2}c")], VOCAB)(logits.clone(), ids)
+    original = logits.clone()
+    out = torch.full_like(logits, 9.0)
+    result = Pipeline([Regex("[0-9]{2}c")], VOCAB)(logits, ids, out=out)
+    assert result is out
+    assert torch.equal(out, in_place)
+    assert torch.equal(logits, original)
 
 
 def test_bitmask_apply_falls_back_to_eager_with_a_warning_when_compiling_fails(
@@ -91,7 +116,7 @@ def test_bitmask_apply_falls_back_to_eager_with_a_warning_when_compiling_fails(
         return fails
 
     monkeypatch.setattr(_bitmask, "COMPILE", True)
-    monkeypatch.setattr(_bitmask, "_compiled_kernel", None)
+    monkeypatch.setattr(_bitmask, "_compiled_kernels", {})
     monkeypatch.setattr(_bitmask, "_compile_failed", False)
     monkeypatch.setattr(torch, "compile", no_toolchain)
     bitmask = torch.tensor([[0b101], [0b010]], dtype=torch.int32)

@@ -15,6 +15,7 @@ import torch
 from transformers import LogitsProcessor as _HFLogitsProcessor
 
 from anylogits.adapters._hook import PipelineHook
+from anylogits.core.buffers import ReusedOutputs
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import hf_vocabulary
@@ -23,10 +24,20 @@ from anylogits.core.vocab import hf_vocabulary
 class TransformersLogitsProcessor(PipelineHook, _HFLogitsProcessor):
     """The transformers hook around an anylogits :class:`~anylogits.Pipeline`."""
 
+    def __init__(self, pipeline: Pipeline, tokenizer: Any = None) -> None:
+        super().__init__(pipeline, tokenizer)
+        self._outputs = ReusedOutputs()
+
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.FloatTensor:
-        # generate keeps `scores` (output_logits=True returns them), so never edit them.
+        # generate keeps `scores` (output_logits=True returns them), so never edit them:
+        # the first processor writes its result to another tensor, in the same pass.
         # The result has the dtype of `scores`: a FloatTensor as transformers' signature says.
-        return cast("torch.FloatTensor", self.pipeline(scores.clone(), input_ids))
+        out = self._outputs.like(scores)
+        return cast("torch.FloatTensor", self.pipeline(scores, input_ids, out=out))
+
+    def reset(self) -> None:
+        super().reset()
+        self._outputs.clear()
 
 
 def for_transformers(

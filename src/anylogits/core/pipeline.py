@@ -81,6 +81,7 @@ class Pipeline:
         token_ids: TokenSource | None = None,
         *,
         lengths: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Process ``(B, V)`` logits in place and return them.
 
@@ -89,17 +90,30 @@ class Pipeline:
             token_ids: right-aligned ``(B, L)`` history including the prompt, or a function
                 building it (called only if a processor or the tracker needs it).
             lengths: ``(B,)`` real tokens per row, when rows are shorter than ``L``.
+            out: for callers that keep their logits: a tensor shaped like ``logits`` that
+                does not overlap them. ``logits`` are then left untouched and the first
+                processor writes its result to ``out`` (see
+                :meth:`~anylogits.LogitsProcessor.process_into`).
         """
         self.check_logits(logits)
-        return self.apply(logits, self._batch(logits.shape[0], token_ids, lengths))
+        return self.apply(logits, self._batch(logits.shape[0], token_ids, lengths), out=out)
 
-    def apply(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def apply(
+        self, logits: torch.Tensor, batch: Batch, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Run the processors on ``logits`` for rows an adapter already described.
 
         For engines that know which sequence each row is (slots): they build the
         :class:`Batch`, states included, instead of letting the tracker infer it.
+        ``out``: as in :meth:`__call__`.
         """
-        for processor in self.processors:
+        processors = self.processors
+        if out is not None:
+            if not processors:
+                return out.copy_(logits)
+            logits = processors[0].process_into(logits, batch, out)
+            processors = processors[1:]
+        for processor in processors:
             logits = processor.process(logits, batch)
         return logits
 

@@ -56,6 +56,17 @@ class LogitsProcessor:
         """Return processed ``logits`` of shape ``(B, V)``; may edit ``logits`` in place."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement process()")
 
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        """:meth:`process` that leaves ``logits`` untouched and returns the result in ``out``.
+
+        ``out`` has the shape and dtype of ``logits`` and does not overlap them. Used for
+        the first processor of a pipeline whose caller keeps its logits (transformers).
+        The default copies ``logits`` into ``out`` and processes the copy; a processor
+        whose first full-width write can read ``logits`` and write ``out`` overrides it,
+        so the caller's logits are read once instead of copied and then edited.
+        """
+        return self.process(out.copy_(logits), batch)
+
     def config(self) -> dict[str, Any]:
         """The constructor arguments, as plain JSON-able values."""
         raise NotImplementedError(

@@ -21,7 +21,8 @@ import torch
 COMPILE = os.environ.get("ANYLOGITS_COMPILE_BITMASK", "1") != "0"
 
 _compile_lock = threading.Lock()
-_compiled_kernel: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+# The fused kernels by name, compiled on first use: in place and into ``out``.
+_compiled_kernels: dict[str, Callable[..., None]] = {}
 _compile_failed = False
 
 
@@ -33,42 +34,71 @@ def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
 
 
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Set ``logits`` to ``-inf`` wherever the packed bitmask has a 0 bit, in place, and
-    return them. Ids beyond the bitmask (a row wider than the vocabulary) are masked too.
+def apply_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Set ``logits`` to ``-inf`` wherever the packed bitmask has a 0 bit and return them.
+    Ids beyond the bitmask (a row wider than the vocabulary) are masked too.
+
+    In place, or, with ``out`` (shaped like ``logits``, not overlapping them), written to
+    ``out`` in the same single pass, ``logits`` left untouched.
     """
-    covered = 32 * bitmask.shape[1]
-    in_vocab = logits
-    if logits.shape[1] > covered:
-        logits[:, covered:] = float("-inf")
-        in_vocab = logits[:, :covered]
     # One row: the eager lookup is faster in a generation loop (measured at V=128k on
     # CPU: 160 against 200 us per token; a compiled call's guards run on cold caches).
     fused = COMPILE and logits.shape[0] > 1
-    if not (fused and _apply_compiled(in_vocab, bitmask)):
-        _apply_eager(in_vocab, bitmask)
-    return logits
+    # Into `out`, the kernel writes whole contiguous rows, the ids beyond the bitmask
+    # included (inductor mis-writes a strided output view under dynamic shapes).
+    if (
+        fused
+        and out is not None
+        and out.is_contiguous()
+        and _apply_compiled(_mask_by_bits_into, logits, bitmask, out)
+    ):
+        return out
+    result = logits if out is None else out
+    source, target = logits, result
+    covered = 32 * bitmask.shape[1]
+    if logits.shape[1] > covered:
+        result[:, covered:] = float("-inf")
+        source, target = logits[:, :covered], result[:, :covered]
+    if not (fused and out is None and _apply_compiled(_mask_by_bits, source, bitmask)):
+        _apply_eager(source, bitmask, target)
+    return result
 
 
 def _mask_by_bits(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """The kernel ``torch.compile`` fuses: ``logits`` is at most ``32 * words`` wide."""
     rows, width = logits.shape
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    bits = (bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1
-    logits.masked_fill_(bits.view(rows, -1)[:, :width] == 0, float("-inf"))
+    logits.masked_fill_(_unpacked(bitmask, rows, logits.device)[:, :width] == 0, float("-inf"))
 
 
-def _apply_compiled(logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
-    """Run the fused kernel; ``False`` if it cannot be compiled here."""
-    global _compiled_kernel, _compile_failed
+def _mask_by_bits_into(logits: torch.Tensor, bitmask: torch.Tensor, out: torch.Tensor) -> None:
+    """:func:`_mask_by_bits` reading ``logits`` and writing ``out`` in one fused pass; ids
+    beyond the bitmask are masked too."""
+    rows, width = logits.shape
+    bits = _unpacked(bitmask, rows, logits.device)
+    bits = torch.nn.functional.pad(bits, (0, max(0, width - bits.shape[1])))[:, :width]
+    out.copy_(logits.masked_fill(bits == 0, float("-inf")))
+
+
+def _unpacked(bitmask: torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
+    """``(rows, 32 * words)`` 0/1 ints: bit ``j`` of word ``w`` at column ``32 w + j``."""
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    return ((bitmask.to(device).unsqueeze(-1) >> shifts) & 1).view(rows, -1)
+
+
+def _apply_compiled(kernel: Callable[..., None], *arguments: torch.Tensor) -> bool:
+    """Run ``kernel`` compiled (fused); ``False`` if it cannot be compiled here."""
+    global _compile_failed
     if _compile_failed:
         return False
     # Dynamo's compilation is not thread-safe; the lock is uncontended once compiled.
     with _compile_lock:
         try:
-            if _compiled_kernel is None:
-                _compiled_kernel = torch.compile(_mask_by_bits, dynamic=True)
-            _compiled_kernel(logits, bitmask)
+            compiled = _compiled_kernels.get(kernel.__name__)
+            if compiled is None:
+                compiled = _compiled_kernels[kernel.__name__] = torch.compile(kernel, dynamic=True)
+            compiled(*arguments)
         except Exception as error:  # any toolchain failure: the eager path is exact too
             _compile_failed = True
             warnings.warn(
@@ -100,7 +130,7 @@ def _halfword_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return table
 
 
-def _apply_eager(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+def _apply_eager(logits: torch.Tensor, bitmask: torch.Tensor, target: torch.Tensor) -> None:
     """Bit ``j`` of int32 word ``w`` is token ``32 w + j``; read as little-endian 16-bit
     halves, half ``k`` of the row holds tokens ``16 k .. 16 k + 15``."""
     rows, width = logits.shape
@@ -111,5 +141,30 @@ def _apply_eager(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     if index.device != logits.device:
         index = index.to(logits.device, non_blocking=True)
     table = _halfword_biases(logits.device, logits.dtype)
-    bias = table.index_select(0, index).view(rows, -1)
-    logits.add_(bias[:, :width])
+    if (
+        width * rows == 16 * index.shape[0]
+        and target.is_contiguous()
+        and target.data_ptr() != logits.data_ptr()
+    ):
+        # A separate output as wide as the bitmask: the biases go straight into it and
+        # the logits are added there (10 us less per token at B=1, V=128k, in a
+        # generation loop: no bias tensor written and read back).
+        torch.index_select(table, 0, index, out=target.view(-1, 16))
+        target.add_(logits)
+        return
+    bias = torch.index_select(table, 0, index, out=_bias_buffer(table, index.shape[0]))
+    torch.add(logits, bias.view(rows, -1)[:, :width], out=target)
+
+
+# One bias buffer per thread, device and dtype, grown as needed: a fresh one per call
+# costs ~3 us more per token at V=128k (measured in a generation loop, one row).
+_bias_buffers = threading.local()
+
+
+def _bias_buffer(table: torch.Tensor, halfwords: int) -> torch.Tensor:
+    buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = _bias_buffers.__dict__
+    key = (table.device, table.dtype)
+    buffer = buffers.get(key)
+    if buffer is None or buffer.shape[0] < halfwords:
+        buffer = buffers[key] = torch.empty(halfwords, 16, dtype=table.dtype, device=table.device)
+    return buffer[:halfwords]

@@ -61,6 +61,14 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
         return state.advance(token_id)
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return apply_bitmask(logits, self._filled_bitmask(batch))
+
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        # The mask's one pass reads `logits` and writes `out`: no separate copy.
+        return apply_bitmask(logits, self._filled_bitmask(batch), out=out)
+
+    def _filled_bitmask(self, batch: Batch) -> torch.Tensor:
+        """The packed allowed tokens of every row of ``batch``."""
         cursors = batch.states(self)
         self._vocab()
         bitmask = self._bitmask
@@ -70,7 +78,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
                 self._bitmask = torch.empty(len(cursors), bitmask.shape[1], dtype=torch.int32)
             bitmask = self._bitmask[: len(cursors)]
         fill_bitmask(ENGINE, cursors, bitmask, self._ended_row)
-        return apply_bitmask(logits, bitmask)
+        return bitmask
 
 
 class Regex(_Grammar):

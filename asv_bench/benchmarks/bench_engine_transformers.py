@@ -1,0 +1,126 @@
+"""Issue 17, end to end on transformers: ``model.generate`` with anylogits processors
+against ``generate`` with transformers' own parameters for the same sampling job.
+
+The tiny model (random weights, the real 128k llama-bpe vocabulary) samples
+:data:`NEW_TOKENS` tokens from one prompt (and from a batch of :data:`BATCH` prompts),
+EOS switched off so every call makes the same number of tokens. Ours:
+``for_transformers(*processors)`` with ``do_sample=True`` and transformers' own warpers
+off (``top_k=0, top_p=1.0, temperature=1.0``). Native: ``do_sample=True`` with the
+job's parameters. Jobs: "chain" (:data:`common.CHAIN_NATIVE`) and "repetition"
+(``RepetitionPenalty(1.3)`` against ``repetition_penalty=1.3``). Both sides run in the
+same process, interleaved, one torch thread; the best of :data:`ROUNDS` calls counts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from . import common
+
+NEW_TOKENS = 32
+BATCH = 8
+ROUNDS = 5
+WARPERS_OFF = {"top_k": 0, "top_p": 1.0, "temperature": 1.0}
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+
+
+def _jobs() -> dict[str, tuple[list[Any], dict[str, float]]]:
+    """Each job: (anylogits processors, transformers' native parameters)."""
+    from anylogits import RepetitionPenalty
+
+    return {
+        "chain": (common.chain_processors(), dict(common.CHAIN_NATIVE)),
+        "repetition": (
+            [RepetitionPenalty(common.CHAIN_NATIVE["repetition_penalty"])],
+            {**WARPERS_OFF, "repetition_penalty": common.CHAIN_NATIVE["repetition_penalty"]},
+        ),
+    }
+
+
+class EngineVsNativeTransformers:
+    """Per-token generation time, anylogits processors over transformers' native ones."""
+
+    params = (["chain", "repetition"],)
+    param_names = ["job"]
+    timeout = 900
+
+    def setup(self, job: str) -> None:
+        try:
+            import transformers
+        except ImportError as error:
+            raise NotImplementedError(f"transformers is not installed: {error}") from None
+        from anylogits.testing.tiny_model import build_tiny_model
+
+        folder = build_tiny_model()
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32
+        ).eval()
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        # No EOS: every call generates exactly NEW_TOKENS tokens.
+        self.model.generation_config.eos_token_id = None
+        self.prompt = torch.tensor([self.tokenizer.encode(PROMPT)])
+        self.job = job
+
+    def _per_token(self, batch: int) -> tuple[float, float]:
+        """Best seconds per generated token: (ours, native)."""
+        import transformers
+
+        from anylogits import for_transformers
+
+        processors, native = _jobs()[self.job]
+        hook = for_transformers(*processors, tokenizer=self.tokenizer)
+        prompt = self.prompt.repeat(batch, 1)
+
+        def ours() -> None:
+            hook.reset()
+            self._generate(prompt, transformers.LogitsProcessorList([hook]), WARPERS_OFF)
+
+        def theirs() -> None:
+            self._generate(prompt, None, native)
+
+        best = [float("inf"), float("inf")]
+        for call in (ours, theirs):  # warm-up: lazily built tensors, caches
+            call()
+        for _ in range(ROUNDS):
+            for index, call in enumerate((ours, theirs)):
+                start = time.perf_counter()
+                call()
+                best[index] = min(best[index], (time.perf_counter() - start) / NEW_TOKENS)
+        return best[0], best[1]
+
+    def _generate(self, prompt: torch.Tensor, hooks: Any, options: dict[str, float]) -> None:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            output = self.model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                pad_token_id=self.tokenizer.eos_token_id,
+                max_new_tokens=NEW_TOKENS,
+                do_sample=True,
+                logits_processor=hooks,
+                **options,
+            )
+        if output.shape[1] != prompt.shape[1] + NEW_TOKENS:
+            raise RuntimeError("generate stopped early: the per-token times are not comparable")
+
+    def track_ours_over_native(self, job: str) -> float:
+        """Target (issue 17): <= 1.0. One prompt."""
+        ours, native = self._per_token(1)
+        return ours / native
+
+    track_ours_over_native.unit = "ratio"
+
+    def track_native_ms_per_token(self, job: str) -> float:
+        return self._per_token(1)[1] * 1e3
+
+    track_native_ms_per_token.unit = "ms"
+
+    def track_ours_over_native_batch(self, job: str) -> float:
+        """The same with a batch of :data:`BATCH` prompts."""
+        ours, native = self._per_token(BATCH)
+        return ours / native
+
+    track_ours_over_native_batch.unit = "ratio"

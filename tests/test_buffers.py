@@ -1,0 +1,47 @@
+"""ReusedOutputs: a hook's output tensors are reused only when nothing holds them."""
+
+from __future__ import annotations
+
+import torch
+
+from anylogits.core.buffers import ReusedOutputs
+
+
+def test_an_output_is_reused_once_it_and_its_views_are_dropped() -> None:
+    outputs = ReusedOutputs(keep=2)
+    logits = torch.zeros(2, 3)
+    first = outputs.like(logits)
+    first_memory = first.data_ptr()
+    second = outputs.like(logits)
+    assert second.data_ptr() != first_memory  # `first` is still held
+    assert outputs.like(logits).data_ptr() not in (first_memory, second.data_ptr())
+    row = first[0]
+    del first
+    assert outputs.like(logits).data_ptr() != first_memory  # a view of it is still held
+    del row
+    third = outputs.like(logits)
+    assert third.data_ptr() == first_memory  # nothing holds it any more: no allocation
+
+
+def test_outputs_kept_by_the_caller_are_all_distinct() -> None:
+    outputs = ReusedOutputs(keep=2)
+    kept = [outputs.like(torch.zeros(1, 4)) for _ in range(5)]
+    assert len({tensor.data_ptr() for tensor in kept}) == 5
+
+
+def test_an_output_has_the_inputs_shape_dtype_and_never_its_memory() -> None:
+    outputs = ReusedOutputs()
+    for logits in (torch.zeros(2, 3), torch.zeros(4, 5, dtype=torch.float16)):
+        out = outputs.like(logits)
+        assert (out.shape, out.dtype, out.device) == (logits.shape, logits.dtype, logits.device)
+        assert out.data_ptr() != logits.data_ptr()
+
+
+def test_a_buffer_made_in_inference_mode_is_not_handed_out_outside_it() -> None:
+    outputs = ReusedOutputs()
+    logits = torch.zeros(2, 3)
+    with torch.inference_mode():
+        inference_memory = outputs.like(logits).data_ptr()
+    out = outputs.like(logits)
+    assert out.data_ptr() != inference_memory
+    out.copy_(logits)  # writable here: raises for an inference tensor
