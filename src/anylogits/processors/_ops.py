@@ -22,6 +22,45 @@ def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, logits, minus_inf, out=logits)
 
 
+def mass_dtype(logits: torch.Tensor) -> torch.dtype:
+    """Where probabilities and masses are computed: float64 for float64 logits, else
+    float32 (half types too, as ``torch.softmax`` computes them)."""
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+_LOG2E = 1.4426950408889634
+# Sums of probabilities are exact sums of these multiples: see `row_total`.
+_FIXED_POINT = 2.0**40
+
+
+def shifted_exp(logits: torch.Tensor, maxima: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``exp(logits - maxima)`` in ``dtype``, element by element (as ``exp2`` of a
+    product: on CPU ~3x faster than ``exp``, within a few ulps of it)."""
+    return (logits.to(dtype) - maxima.to(dtype)).mul_(_LOG2E).exp2_()
+
+
+def row_total(weights: torch.Tensor) -> torch.Tensor:
+    """``(B, 1)``: each row's sum of ``weights`` (in [0, 1]), whatever columns hold them.
+
+    A float sum rounds differently when the same values sit in other columns (SIMD lanes
+    group them by position), so the candidates of a row and the full row with ``-inf``
+    elsewhere would get different normalizers. Here each term is rounded to a multiple of
+    ``2**-40`` and summed exactly as int64: the result depends on the values only (a
+    term's rounding is at most ``2**-41``; overflow needs 2**23 columns).
+    """
+    fixed = (weights * _FIXED_POINT).round_().sum(-1, keepdim=True, dtype=torch.int64)
+    return fixed.to(weights.dtype).div_(_FIXED_POINT)
+
+
+def probabilities(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The softmax of each row, computed in :func:`mass_dtype` and returned in ``dtype``
+    (default: the logits' dtype, as ``torch.softmax(logits)``), with bits that depend
+    only on the row's finite logits (see :func:`row_total`)."""
+    weights = shifted_exp(logits, logits.amax(dim=-1, keepdim=True), mass_dtype(logits))
+    weights = weights.div_(row_total(weights))
+    return weights.to(dtype or logits.dtype)
+
+
 def row_values(values: Sequence[float]) -> torch.Tensor:
     """Per-row Python floats as a float64 tensor (see :func:`opmath`)."""
     return torch.tensor(values, dtype=torch.float64)
