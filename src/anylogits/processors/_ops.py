@@ -3,11 +3,14 @@ columns, EOS ids and token sequences matched against the history."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, token_id_list
 
@@ -18,8 +21,14 @@ def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     ``torch.where`` into the same tensor: a boolean ``masked_fill_`` is several times
     slower on CPU for scattered masks.
     """
-    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    key = (logits.dtype, logits.device)
+    minus_inf = _MINUS_INF.get(key)
+    if minus_inf is None:  # made once: a new 0-d tensor costs more than a small `where`
+        minus_inf = _MINUS_INF[key] = torch.tensor(float("-inf"), dtype=key[0], device=key[1])
     return torch.where(keep, logits, minus_inf, out=logits)
+
+
+_MINUS_INF: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
 def mass_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -36,7 +45,9 @@ _FIXED_POINT = 2.0**40
 def shifted_exp(logits: torch.Tensor, maxima: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``exp(logits - maxima)`` in ``dtype``, element by element (as ``exp2`` of a
     product: on CPU ~3x faster than ``exp``, within a few ulps of it)."""
-    return (logits.to(dtype) - maxima.to(dtype)).mul_(_LOG2E).exp2_()
+    if logits.dtype != dtype:
+        logits, maxima = logits.to(dtype), maxima.to(dtype)
+    return (logits - maxima).mul_(_LOG2E).exp2_()
 
 
 def row_total(weights: torch.Tensor) -> torch.Tensor:
@@ -48,7 +59,7 @@ def row_total(weights: torch.Tensor) -> torch.Tensor:
     ``2**-40`` and summed exactly as int64: the result depends on the values only (a
     term's rounding is at most ``2**-41``; overflow needs 2**23 columns).
     """
-    fixed = (weights * _FIXED_POINT).round_().sum(-1, keepdim=True, dtype=torch.int64)
+    fixed = (weights * _FIXED_POINT).round_().to(torch.int64).sum(-1, keepdim=True)
     return fixed.to(weights.dtype).div_(_FIXED_POINT)
 
 
@@ -59,6 +70,30 @@ def probabilities(logits: torch.Tensor, dtype: torch.dtype | None = None) -> tor
     weights = shifted_exp(logits, logits.amax(dim=-1, keepdim=True), mass_dtype(logits))
     weights = weights.div_(row_total(weights))
     return weights.to(dtype or logits.dtype)
+
+
+def sorted_descending(values: torch.Tensor) -> torch.Tensor:
+    """Each row of ``values`` in descending order (values only, so every correct sort
+    gives the same bits; NaN first, as ``torch.sort`` puts it).
+
+    On the CPU numpy's SIMD sort, when numpy is installed, is ~30x faster than
+    ``torch.sort`` for a 128k row (0.27 ms against 8 ms, one AVX-512 thread).
+    """
+    numpy = _numpy()
+    if numpy is None or values.shape[-1] < 1024 or not host_sync_allowed(values):
+        return torch.sort(values, dim=-1, descending=True).values
+    exact = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+    ascending = numpy.sort(exact.detach().numpy(), axis=-1)  # NaN last
+    return torch.from_numpy(ascending).flip(-1).to(values.dtype)
+
+
+@functools.cache
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # torch runs without numpy: torch.sort then
+        return None
+    return numpy
 
 
 def row_values(values: Sequence[float]) -> torch.Tensor:

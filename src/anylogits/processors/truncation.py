@@ -28,6 +28,7 @@ from anylogits.processors._ops import (
     row_total,
     row_values,
     shifted_exp,
+    sorted_descending,
 )
 
 
@@ -115,10 +116,13 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
         following = values.gather(-1, ranks.clamp(max=values.shape[-1] - 1))
     if k_max == width:
         return _TopK(kth, None)
-    # A row whose k-th logit is -inf has all its finite logits among the candidates.
-    exact = ((following < kth) | (kth == float("-inf")))[:, 0]
+    # A row whose k-th logit is -inf has all its finite logits among the candidates; a
+    # row with NaN (ranked first by topk; the full path drops it) is not exact.
+    exact = (following < kth).logical_or_(kth == float("-inf"))
+    exact = exact.logical_and_(values[:, :1] >= kth)[:, 0]
     kept = values[:, :k_max]
-    kept = torch.where(kept >= kth, kept, float("-inf"))
+    if ks is not None:  # rows with a smaller k drop their candidates below their k-th
+        kept = torch.where(kept >= kth, kept, float("-inf"))
     return _TopK(kth, Candidates(kept, columns[:, :k_max], exact))
 
 
@@ -179,21 +183,32 @@ def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) 
     which must not read the tensors to decide, sorts the whole row at once.
     """
     width = logits.shape[-1]
-    maxima = logits.amax(dim=-1, keepdim=True)
-    total = row_total(shifted_exp(logits, maxima, torch.float32))
-    may_read = host_sync_allowed(logits)
-    k = min(width, max(first_chunk, min_keep)) if may_read else width
+    k = min(width, max(first_chunk, min_keep))
+    total = None
+    if k <= width // 8 and host_sync_allowed(logits):
+        maxima = logits.amax(dim=-1, keepdim=True)
+        total = row_total(shifted_exp(logits, maxima, torch.float32))
+        # No token is likelier than the first (1 / total): the nucleus holds at least
+        # top_p * total tokens. Far beyond a first chunk, sort at once.
+        needed = max(k, int((top_p * total).nan_to_num().max()))
+        k = min(width, needed if needed <= width // 32 else width)
+    else:  # an accelerator, or a short row: sort it whole
+        k = width
     while True:
         if k > width // 8:
             k = width
-            values = torch.sort(logits, dim=-1, descending=True).values
+            values = sorted_descending(logits)
         else:
             values = torch.topk(logits, k, dim=-1).values
-        probs = shifted_exp(values, maxima, torch.float32).div_(total)
+        weights = shifted_exp(values, values[:, :1], torch.float32)
+        if total is None:  # the whole sorted row: the same exact sum as the row's
+            total = row_total(weights)
+        probs = weights.div_(total)
         mass = probs.cumsum(dim=-1)
-        # Rank r is kept while the mass of the r - 1 likelier tokens is below top_p.
-        kept = (1 + (mass < top_p).sum(dim=-1, keepdim=True)).clamp(max=k)
-        threshold = probs.gather(-1, kept.clamp(min=min(min_keep, k)) - 1)
+        # Rank r (from 1) is kept while the mass of the r - 1 likelier tokens is below
+        # top_p: the last kept rank's index is the count of masses below top_p.
+        last = (mass < top_p).sum(dim=-1, keepdim=True).clamp_(min(min_keep, k) - 1, k - 1)
+        threshold = probs.gather(-1, last)
         if k == width or bool((~(probs[:, -1:] >= threshold)).all()):
             break
         # Every token after the chunk is at most as likely as its last one: the
@@ -203,8 +218,8 @@ def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) 
         k = width if needed > width // 32 else max(8 * k, needed)
     # The last logit whose probability reaches the threshold: keep it and all above.
     # (A row of -inf has NaN probabilities: it keeps its first, -inf, value.)
-    count = (probs >= threshold).sum(dim=-1, keepdim=True).clamp(min=1)
-    lowest = values.gather(-1, count - 1)
+    last = (probs >= threshold).sum(dim=-1, keepdim=True).sub_(1).clamp_(min=0)
+    lowest = values.gather(-1, last)
     return keep_only(logits, logits >= lowest)
 
 
