@@ -256,3 +256,24 @@ def test_the_accelerator_branch_equals_the_cpu_branch(
     with forbid_host_sync():
         accelerator = pipeline(logits.clone())
     assert_same_bits(accelerator, cpu)
+
+
+def test_the_pipeline_benchmarks_run() -> None:
+    """asv_bench/benchmarks/bench_pipeline.py, one cheap combination each."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asv_bench"))
+    from benchmarks.bench_pipeline import PipelineChain, TopPVsTransformers
+
+    chain = PipelineChain()
+    chain.setup(32_000, 1)
+    assert chain.track_chain_over_floor(32_000, 1) > 0
+    # The floor keeps what the chain's TopK keeps, before TopP / MinP truncate more.
+    logits = chain.logits.clone()
+    kept = chain.chain(logits.clone()).isfinite()
+    assert bool((kept <= chain.floor(logits.clone()).isfinite()).all())
+    pytest.importorskip("transformers")
+    top_p = TopPVsTransformers()
+    top_p.setup("flat", 1)
+    assert top_p.track_ours_over_transformers("flat", 1) > 0

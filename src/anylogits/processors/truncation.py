@@ -130,11 +130,14 @@ class TopP(LogitsProcessor):
     """Nucleus sampling: keep the smallest set of most likely tokens whose probability
     reaches ``top_p``.
 
-    Exact without sorting the whole vocabulary when the nucleus is small: probabilities
-    are taken in descending chunks with ``torch.topk``, growing the chunk only while some
-    row has not reached ``top_p`` (and sorting everything once the chunk would pass 1/8
-    of the vocabulary). Tokens tied with the last kept one are kept too, so the result does not
-    depend on sort order.
+    Exact without sorting the whole vocabulary when the nucleus is small: the logits are
+    taken in descending chunks with ``torch.topk``, growing the chunk only while some
+    row has not reached ``top_p``, and sorted whole at once when the top probability
+    shows that the nucleus is large (on the CPU with numpy's SIMD sort when numpy is
+    installed). Tokens as likely as the last kept one are kept too, so the result does
+    not depend on sort order. Probabilities are float32, with bits that depend only on
+    the row's finite logits (see :func:`~anylogits.processors._ops.row_total`), so a
+    pipeline may run it on a truncation's candidates.
 
     Oracle: transformers ``TopPLogitsWarper``. Identical kept sets, except where the
     oracle's unstable sort splits a tie at the boundary, or where its ascending float32
@@ -226,8 +229,11 @@ def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) 
 class MinP(LogitsProcessor):
     """Keep tokens whose probability is at least ``min_p`` times the top token's.
 
-    Oracle: transformers ``MinPLogitsWarper`` (identical; probabilities are computed in
-    the logits' dtype as the oracle does).
+    Oracle: transformers ``MinPLogitsWarper`` (identical kept sets except for a token
+    within a few float32 ulps of the threshold: probabilities are rounded to the logits'
+    dtype as the oracle rounds them, but their float32 values are an ``exp2`` over an
+    exact row sum, whose bits depend only on the row's finite logits, where the oracle's
+    softmax sums by SIMD lanes).
 
     Args:
         min_p: relative probability floor, in [0, 1].
@@ -474,9 +480,10 @@ class _ProbabilityFloor(LogitsProcessor):
 class EpsilonCutoff(_ProbabilityFloor):
     """Epsilon sampling: keep tokens whose probability is at least ``epsilon``.
 
-    Oracle: transformers ``EpsilonLogitsWarper`` (identical; probabilities in the logits'
-    dtype as the oracle computes them). The ``min_tokens_to_keep`` most likely tokens are
-    always kept, with every token tied with the last of them.
+    Oracle: transformers ``EpsilonLogitsWarper`` (identical kept sets except within a
+    few float32 ulps of ``epsilon``; probabilities as :class:`MinP` computes them). The
+    ``min_tokens_to_keep`` most likely tokens are always kept, with every token tied
+    with the last of them.
 
     Args:
         epsilon: absolute probability floor, in (0, 1].
