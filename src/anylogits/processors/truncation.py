@@ -116,10 +116,11 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
         following = values.gather(-1, ranks.clamp(max=values.shape[-1] - 1))
     if k_max == width:
         return _TopK(kth, None)
-    # A row whose k-th logit is -inf has all its finite logits among the candidates; a
-    # row with NaN (ranked first by topk; the full path drops it) is not exact.
+    # A row is exact unless the next logit ties the k-th; if that is -inf, every finite
+    # logit is among the candidates. A row with NaN (ranked first by topk, dropped by
+    # the full path) is not exact.
     exact = (following < kth).logical_or_(kth == float("-inf"))
-    exact = exact.logical_and_(values[:, :1] >= kth)[:, 0]
+    exact = exact.logical_and_(values[:, :1] >= kth).squeeze(-1)
     kept = values[:, :k_max]
     if ks is not None:  # rows with a smaller k drop their candidates below their k-th
         kept = torch.where(kept >= kth, kept, float("-inf"))
