@@ -59,8 +59,14 @@ def row_total(weights: torch.Tensor) -> torch.Tensor:
     ``2**-40`` and summed exactly as int64: the result depends on the values only (a
     term's rounding is at most ``2**-41``; overflow needs 2**23 columns).
     """
+    rows = max(1, _BLOCK // weights.shape[-1])
+    if weights.shape[0] > rows:  # int64 blocks of <= 8 MB: the allocator reuses them
+        return torch.cat([row_total(block) for block in weights.split(rows)])
     fixed = (weights * _FIXED_POINT).round_().to(torch.int64).sum(-1, keepdim=True)
     return fixed.to(weights.dtype).div_(_FIXED_POINT)
+
+
+_BLOCK = 1 << 20
 
 
 def probabilities(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
