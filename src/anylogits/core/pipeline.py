@@ -9,6 +9,7 @@ import torch
 
 from anylogits.core.batch import Batch, TokenSource
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.core.tracker import SequenceTracker
 from anylogits.core.vocab import Vocabulary
 
@@ -28,6 +29,46 @@ def flatten(processors: Iterable[LogitsProcessor | Pipeline]) -> list[LogitsProc
                 f"expected anylogits processors, got {type(processor).__qualname__} ({processor!r})"
             )
     return flat
+
+
+def row_local_ends(processors: Sequence[LogitsProcessor]) -> tuple[int, ...]:
+    """For each position ``i``: the end of the run of row-local processors that follows
+    it (``i + 1`` when the next one is not row-local)."""
+    ends = [len(processors)] * len(processors)
+    for index in range(len(processors) - 2, -1, -1):
+        follower = processors[index + 1]
+        ends[index] = ends[index + 1] if follower.row_local else index + 1
+    return tuple(ends)
+
+
+def run_on_candidates(
+    truncation: LogitsProcessor,
+    followers: Sequence[LogitsProcessor],
+    logits: torch.Tensor,
+    batch: Batch,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """``truncation`` then ``followers`` (row-local) applied to ``logits``, the followers
+    on the ``(B, K)`` candidates the truncation leaves; ``None`` (nothing done) when it
+    leaves no candidates or a row holds more than ``K`` (a tie at the K-th logit). With
+    ``out``, the rows are written there and ``logits`` stay untouched.
+
+    The followers see the same finite logits as on the full rows and give the same bits
+    (``row_local`` promises it), so the result is the full path's, bit for bit. Whether
+    every row is exact is a host read: an accelerator would stall the stream on it, and a
+    fallback that needs no read would compute the full path anyway, so there the
+    processors run on the full rows.
+    """
+    if not host_sync_allowed(logits):
+        return None
+    candidates = truncation.candidates(logits, batch)
+    if candidates is None or not bool(candidates.exact.all()):
+        return None
+    values = candidates.values
+    for follower in followers:
+        values = follower.process(values, batch)
+    return candidates._replace(values=values).write(logits if out is None else out)
 
 
 class Pipeline:
@@ -58,6 +99,7 @@ class Pipeline:
         if len({id(p) for p in flat}) != len(flat):
             raise ValueError("the same processor object is given twice; pass it once")
         self.processors: tuple[LogitsProcessor, ...] = tuple(flat)
+        self._row_local_ends = row_local_ends(self.processors)
         self.vocab = vocab
         for processor in self.processors:
             processor.bind(vocab)
@@ -106,15 +148,32 @@ class Pipeline:
         For engines that know which sequence each row is (slots): they build the
         :class:`Batch`, states included, instead of letting the tracker infer it.
         ``out``: as in :meth:`__call__`.
+
+        Where a truncation returns :meth:`~LogitsProcessor.candidates` and row-local
+        processors follow it, those run on the ``(B, K)`` candidates and the rows are
+        written once (see :func:`run_on_candidates`).
         """
         processors = self.processors
-        if out is not None:
-            if not processors:
-                return out.copy_(logits)
-            logits = processors[0].process_into(logits, batch, out)
-            processors = processors[1:]
-        for processor in processors:
+        if out is not None and not processors:
+            return out.copy_(logits)
+        index = 0
+        while index < len(processors):
+            processor = processors[index]
+            end = self._row_local_ends[index]
+            if end > index + 1:
+                result = run_on_candidates(
+                    processor, processors[index + 1 : end], logits, batch, out=out
+                )
+                if result is not None:
+                    logits, index, out = result, end, None
+                    continue
+            if out is not None:
+                # The first write goes to `out`: the caller's logits stay untouched.
+                logits, out = processor.process_into(logits, batch, out), None
+                index += 1
+                continue
             logits = processor.process(logits, batch)
+            index += 1
         return logits
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from anylogits.core import specs
 
@@ -14,6 +14,25 @@ if TYPE_CHECKING:
     from anylogits.core.vocab import Vocabulary
 
 State = TypeVar("State")
+
+
+class Candidates(NamedTuple):
+    """What a truncation left of each row, as ``(B, K)`` columns and their logits.
+
+    ``values[b]`` holds the logits of row ``b`` at ``columns[b]`` (``-inf`` where the row
+    has fewer than ``K`` tokens left); every other column of the row is ``-inf``, except
+    in rows where ``exact[b]`` is ``False`` (a tie at the K-th logit kept more than
+    ``K`` tokens): those rows must be processed in full.
+    """
+
+    values: torch.Tensor
+    columns: torch.Tensor
+    exact: torch.Tensor
+
+    def write(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (in place) holding only the candidates: one fill, one scatter."""
+        logits.fill_(float("-inf"))
+        return logits.scatter_(-1, self.columns, self.values)
 
 
 class LogitsProcessor:
@@ -31,11 +50,17 @@ class LogitsProcessor:
             tokens, so the pipeline must track which sequence each row belongs to.
         argmax_invariant: ``True`` when the highest logit of a row always stays the
             highest (truncation and temperature), so greedy decoding may skip it.
+        row_local: ``True`` when :meth:`process` depends only on each row's finite
+            logits (not on their columns, the row's width, the batch or the history) and
+            gives the same bits whichever columns hold them. After a truncation that
+            returns :meth:`candidates`, the pipeline runs such processors on the
+            ``(B, K)`` candidate logits instead of the ``(B, V)`` rows.
     """
 
     spec_name: ClassVar[str | None] = None
     needs_sequences: ClassVar[bool] = False
     argmax_invariant: ClassVar[bool] = False
+    row_local: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -66,6 +91,11 @@ class LogitsProcessor:
         so the caller's logits are read once instead of copied and then edited.
         """
         return self.process(out.copy_(logits), batch)
+
+    def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
+        """This truncation's result as :class:`Candidates`, without editing ``logits``;
+        ``None`` when it cannot bound the tokens it keeps (the default)."""
+        return None
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, as plain JSON-able values."""
@@ -146,16 +176,31 @@ class RowwiseProcessor(LogitsProcessor):
     """Rows of one batch processed by one function with per-row parameters.
 
     What :meth:`LogitsProcessor.stack` returns: ``function(logits, batch, **parameters)``
-    where each tensor parameter has one entry (or row) per logits row. Internal: it has
-    no spec.
+    where each tensor parameter has one entry (or row) per logits row. ``row_local`` and
+    ``candidates`` (a function called like ``function``) are those of the stacked
+    class. Internal: it has no spec.
     """
 
-    def __init__(self, function: Callable[..., torch.Tensor], **parameters: Any) -> None:
+    def __init__(
+        self,
+        function: Callable[..., torch.Tensor],
+        *,
+        row_local: bool = False,
+        candidates: Callable[..., Candidates | None] | None = None,
+        **parameters: Any,
+    ) -> None:
         self.function = function
+        self.row_local = row_local  # type: ignore[misc]
+        self.candidates_function = candidates
         self.parameters = parameters
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self.function(logits, batch, **self.parameters)
+
+    def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
+        if self.candidates_function is None:
+            return None
+        return self.candidates_function(logits, batch, **self.parameters)
 
     def __repr__(self) -> str:
         return f"RowwiseProcessor({self.function.__name__})"

@@ -3,6 +3,7 @@ columns, EOS ids and token sequences matched against the history."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,8 +21,85 @@ def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     ``torch.where`` into the same tensor: a boolean ``masked_fill_`` is several times
     slower on CPU for scattered masks.
     """
-    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+    key = (logits.dtype, logits.device)
+    minus_inf = _MINUS_INF.get(key)
+    if minus_inf is None:  # made once: a new 0-d tensor costs more than a small `where`
+        minus_inf = _MINUS_INF[key] = torch.tensor(float("-inf"), dtype=key[0], device=key[1])
     return torch.where(keep, logits, minus_inf, out=logits)
+
+
+_MINUS_INF: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def mass_dtype(logits: torch.Tensor) -> torch.dtype:
+    """Where probabilities and masses are computed: float64 for float64 logits, else
+    float32 (half types too, as ``torch.softmax`` computes them)."""
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+_LOG2E = 1.4426950408889634
+# Sums of probabilities are exact sums of these multiples: see `row_total`.
+_FIXED_POINT = 2.0**40
+
+
+def shifted_exp(logits: torch.Tensor, maxima: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``exp(logits - maxima)`` in ``dtype``, element by element (as ``exp2`` of a
+    product: on CPU ~3x faster than ``exp``, within a few ulps of it)."""
+    if logits.dtype != dtype:
+        logits, maxima = logits.to(dtype), maxima.to(dtype)
+    return (logits - maxima).mul_(_LOG2E).exp2_()
+
+
+def row_total(weights: torch.Tensor) -> torch.Tensor:
+    """``(B, 1)``: each row's sum of ``weights`` (in [0, 1]), whatever columns hold them.
+
+    A float sum rounds differently when the same values sit in other columns (SIMD lanes
+    group them by position), so the candidates of a row and the full row with ``-inf``
+    elsewhere would get different normalizers. Here each term is rounded to a multiple of
+    ``2**-40`` and summed exactly as int64: the result depends on the values only (a
+    term's rounding is at most ``2**-41``; overflow needs 2**23 columns).
+    """
+    rows = max(1, _BLOCK // weights.shape[-1])
+    if weights.shape[0] > rows:  # int64 blocks of <= 8 MB: the allocator reuses them
+        return torch.cat([row_total(block) for block in weights.split(rows)])
+    fixed = (weights * _FIXED_POINT).round_().to(torch.int64).sum(-1, keepdim=True)
+    return fixed.to(weights.dtype).div_(_FIXED_POINT)
+
+
+_BLOCK = 1 << 20
+
+
+def probabilities(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The softmax of each row, computed in :func:`mass_dtype` and returned in ``dtype``
+    (default: the logits' dtype, as ``torch.softmax(logits)``), with bits that depend
+    only on the row's finite logits (see :func:`row_total`)."""
+    weights = shifted_exp(logits, logits.amax(dim=-1, keepdim=True), mass_dtype(logits))
+    weights = weights.div_(row_total(weights))
+    return weights.to(dtype or logits.dtype)
+
+
+def sorted_descending(values: torch.Tensor) -> torch.Tensor:
+    """Each row of ``values`` in descending order (values only, so every correct sort
+    gives the same bits; NaN first, as ``torch.sort`` puts it).
+
+    On the CPU numpy's SIMD sort, when numpy is installed, is ~30x faster than
+    ``torch.sort`` for a 128k row (0.27 ms against 8 ms, one AVX-512 thread).
+    """
+    numpy = _numpy()
+    if numpy is None or values.shape[-1] < 1024 or not host_sync_allowed(values):
+        return torch.sort(values, dim=-1, descending=True).values
+    exact = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+    ascending = numpy.sort(exact.detach().numpy(), axis=-1)  # NaN last
+    return torch.from_numpy(ascending).flip(-1).to(values.dtype)
+
+
+@functools.cache
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # torch runs without numpy: torch.sort then
+        return None
+    return numpy
 
 
 def row_values(values: Sequence[float]) -> torch.Tensor:

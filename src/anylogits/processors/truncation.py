@@ -12,14 +12,24 @@ Parameters reach the row functions as per-row tensors, so a processor and the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.processor import Candidates, LogitsProcessor, RowwiseProcessor
+from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import int_at_least, positive_float, probability
-from anylogits.processors._ops import keep_only, opmath, row_values
+from anylogits.processors._ops import (
+    keep_only,
+    mass_dtype,
+    opmath,
+    probabilities,
+    row_total,
+    row_values,
+    shifted_exp,
+    sorted_descending,
+)
 
 
 class TopK(LogitsProcessor):
@@ -40,6 +50,7 @@ class TopK(LogitsProcessor):
 
     spec_name = "top_k"
     argmax_invariant = True
+    row_local = True
 
     def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
         self.top_k = int_at_least("top_k", top_k, 1)
@@ -49,25 +60,85 @@ class TopK(LogitsProcessor):
         return {"top_k": self.top_k, "min_tokens_to_keep": self.min_tokens_to_keep}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        k = min(max(self.top_k, self.min_tokens_to_keep), logits.shape[-1])
-        kth_value = torch.topk(logits, k, dim=-1).values[:, -1:]
-        return keep_only(logits, logits >= kth_value)
+        return _top_k_rows(logits, batch, max(self.top_k, self.min_tokens_to_keep))
+
+    def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
+        return _top_k_candidates(logits, batch, max(self.top_k, self.min_tokens_to_keep))
 
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
         ks = [max(p.top_k, p.min_tokens_to_keep) for p in processors]  # type: ignore[attr-defined]
-        return RowwiseProcessor(_top_k_rows, ks=torch.tensor(ks))
+        return RowwiseProcessor(
+            _top_k_rows,
+            row_local=True,
+            candidates=_top_k_candidates,
+            k_max=max(ks),
+            ks=torch.tensor(ks),
+        )
+
+
+def _top_k_rows(
+    logits: torch.Tensor, batch: Batch, k_max: int, ks: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Row ``i`` keeps its ``ks[i]`` (all: ``k_max``) highest logits and their ties."""
+    top = _top_k(logits, k_max, ks)
+    candidates = top.candidates
+    # No tie at the k-th logit: the kept set is the top-k, so one index write replaces
+    # a full-width comparison and `where`.
+    if candidates is not None and host_sync_allowed(logits) and bool(candidates.exact.all()):
+        return candidates.write(logits)
+    return keep_only(logits, logits >= top.kth)
+
+
+def _top_k_candidates(
+    logits: torch.Tensor, batch: Batch, k_max: int, ks: torch.Tensor | None = None
+) -> Candidates | None:
+    return _top_k(logits, k_max, ks).candidates
+
+
+class _TopK(NamedTuple):
+    kth: torch.Tensor  # (B, 1): the k-th highest logit of each row
+    candidates: Candidates | None  # None when k is the whole row
+
+
+def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
+    """One ``topk`` of ``k_max + 1`` logits per row: the k-th logit, and the kept set as
+    candidates, exact in rows whose next logit is below the k-th (no tie spills over)."""
+    width = logits.shape[-1]
+    k_max = min(k_max, width)
+    values, columns = torch.topk(logits, min(k_max + 1, width), dim=-1)
+    if ks is None:
+        kth = values[:, k_max - 1 : k_max]
+        following = values[:, k_max : k_max + 1]
+    else:
+        ranks = ks.to(logits.device).clamp(max=k_max)[:, None]
+        kth = values.gather(-1, ranks - 1)
+        following = values.gather(-1, ranks.clamp(max=values.shape[-1] - 1))
+    if k_max == width:
+        return _TopK(kth, None)
+    # A row is exact unless the next logit ties the k-th; if that is -inf, every finite
+    # logit is among the candidates. A row with NaN (ranked first by topk, dropped by
+    # the full path) is not exact.
+    exact = (following < kth).logical_or_(kth == float("-inf"))
+    exact = exact.logical_and_(values[:, :1] >= kth).squeeze(-1)
+    kept = values[:, :k_max]
+    if ks is not None:  # rows with a smaller k drop their candidates below their k-th
+        kept = torch.where(kept >= kth, kept, float("-inf"))
+    return _TopK(kth, Candidates(kept, columns[:, :k_max], exact))
 
 
 class TopP(LogitsProcessor):
     """Nucleus sampling: keep the smallest set of most likely tokens whose probability
     reaches ``top_p``.
 
-    Exact without sorting the whole vocabulary when the nucleus is small: probabilities
-    are taken in descending chunks with ``torch.topk``, growing the chunk only while some
-    row has not reached ``top_p`` (and sorting everything once the chunk would pass 1/8
-    of the vocabulary). Tokens tied with the last kept one are kept too, so the result does not
-    depend on sort order.
+    Exact without sorting the whole vocabulary when the nucleus is small: the logits are
+    taken in descending chunks with ``torch.topk``, growing the chunk only while some
+    row has not reached ``top_p``, and sorted whole at once when the top probability
+    shows that the nucleus is large (on the CPU with numpy's SIMD sort when numpy is
+    installed). Tokens as likely as the last kept one are kept too, so the result does
+    not depend on sort order. Probabilities are float32, with bits that depend only on
+    the row's finite logits (see :func:`~anylogits.processors._ops.row_total`), so a
+    pipeline may run it on a truncation's candidates.
 
     Oracle: transformers ``TopPLogitsWarper``. Identical kept sets, except where the
     oracle's unstable sort splits a tie at the boundary, or where its ascending float32
@@ -87,6 +158,7 @@ class TopP(LogitsProcessor):
 
     spec_name = "top_p"
     argmax_invariant = True
+    row_local = True
     first_chunk = 64
 
     def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
@@ -100,32 +172,69 @@ class TopP(LogitsProcessor):
         if self.top_p >= 1.0:
             # The float32 mass can round to 1.0 before the last tokens: keep them all.
             return logits
-        width = logits.shape[-1]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        k = min(width, max(self.first_chunk, self.min_tokens_to_keep))
-        while True:
-            if k > width // 8:
-                # A large nucleus: one full sort beats a chain of ever larger top-k's.
-                k = width
-                values = torch.sort(probs, dim=-1, descending=True).values
-            else:
-                values = torch.topk(probs, k, dim=-1).values
-            mass = values.cumsum(dim=-1)
-            if k == width or bool((mass[:, -1] >= self.top_p).all()):
-                break
-            k *= 8
-        # Rank r is kept while the mass of the r - 1 likelier tokens is below top_p.
-        kept = (1 + (mass < self.top_p).sum(dim=-1)).clamp(max=k)
-        kept = kept.clamp(min=min(self.min_tokens_to_keep, k))
-        threshold = values.gather(-1, (kept - 1)[:, None])
-        return keep_only(logits, probs >= threshold)
+        return _top_p(logits, self.top_p, self.min_tokens_to_keep, self.first_chunk)
+
+
+def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) -> torch.Tensor:
+    """Keep the tokens whose float32 probability reaches that of the last token of the
+    nucleus (so ties in probability are kept together).
+
+    Probabilities are :func:`probabilities`' (their bits depend only on the row's finite
+    logits), taken for the descending logits of a ``topk`` chunk: probability is
+    monotone in the logit, so the kept set is every logit down to the lowest one in the
+    chunk whose probability reaches the threshold, provided the chunk ends below the
+    threshold. The chunk grows until it does in every row (on the CPU); an accelerator,
+    which must not read the tensors to decide, sorts the whole row at once.
+    """
+    width = logits.shape[-1]
+    k = min(width, max(first_chunk, min_keep))
+    total = None
+    if k <= width // 8 and host_sync_allowed(logits):
+        maxima = logits.amax(dim=-1, keepdim=True)
+        total = row_total(shifted_exp(logits, maxima, torch.float32))
+        # No token is likelier than the first (1 / total): the nucleus holds at least
+        # top_p * total tokens. Far beyond a first chunk, sort at once.
+        needed = max(k, int((top_p * total).nan_to_num().max()))
+        k = min(width, needed if needed <= width // 32 else width)
+    else:  # an accelerator, or a short row: sort it whole
+        k = width
+    while True:
+        if k > width // 8:
+            k = width
+            values = sorted_descending(logits)
+        else:
+            values = torch.topk(logits, k, dim=-1).values
+        weights = shifted_exp(values, values[:, :1], torch.float32)
+        if total is None:  # the whole sorted row: the same exact sum as the row's
+            total = row_total(weights)
+        probs = weights.div_(total)
+        mass = probs.cumsum(dim=-1)
+        # Rank r (from 1) is kept while the mass of the r - 1 likelier tokens is below
+        # top_p: the last kept rank's index is the count of masses below top_p.
+        last = (mass < top_p).sum(dim=-1, keepdim=True).clamp_(min(min_keep, k) - 1, k - 1)
+        threshold = probs.gather(-1, last)
+        if k == width or bool((~(probs[:, -1:] >= threshold)).all()):
+            break
+        # Every token after the chunk is at most as likely as its last one: the
+        # nucleus needs at least this many; far beyond the chunk, sort at once.
+        short = ((top_p - mass[:, -1]) / probs[:, -1]).nan_to_num(posinf=width)
+        needed = k + int(short.clamp(min=0, max=width).max())
+        k = width if needed > width // 32 else max(8 * k, needed)
+    # The last logit whose probability reaches the threshold: keep it and all above.
+    # (A row of -inf has NaN probabilities: it keeps its first, -inf, value.)
+    last = (probs >= threshold).sum(dim=-1, keepdim=True).sub_(1).clamp_(min=0)
+    lowest = values.gather(-1, last)
+    return keep_only(logits, logits >= lowest)
 
 
 class MinP(LogitsProcessor):
     """Keep tokens whose probability is at least ``min_p`` times the top token's.
 
-    Oracle: transformers ``MinPLogitsWarper`` (identical; probabilities are computed in
-    the logits' dtype as the oracle does).
+    Oracle: transformers ``MinPLogitsWarper`` (identical kept sets except for a token
+    within a few float32 ulps of the threshold: probabilities are rounded to the logits'
+    dtype as the oracle rounds them, but their float32 values are an ``exp2`` over an
+    exact row sum, whose bits depend only on the row's finite logits, where the oracle's
+    softmax sums by SIMD lanes).
 
     Args:
         min_p: relative probability floor, in [0, 1].
@@ -141,6 +250,7 @@ class MinP(LogitsProcessor):
 
     spec_name = "min_p"
     argmax_invariant = True
+    row_local = True
 
     def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
         self.min_p = probability("min_p", min_p, allow_zero=True)
@@ -158,13 +268,15 @@ class MinP(LogitsProcessor):
         if len(keep) > 1:
             return None
         min_ps = row_values([p.min_p for p in processors])  # type: ignore[attr-defined]
-        return RowwiseProcessor(_min_p_rows, min_ps=min_ps, min_tokens_to_keep=keep.pop())
+        return RowwiseProcessor(
+            _min_p_rows, row_local=True, min_ps=min_ps, min_tokens_to_keep=keep.pop()
+        )
 
 
 def _min_p(
     logits: torch.Tensor, min_p: float | torch.Tensor, min_tokens_to_keep: int
 ) -> torch.Tensor:
-    probs = torch.softmax(logits, dim=-1)
+    probs = probabilities(logits)
     top = probs.amax(dim=-1, keepdim=True)
     if isinstance(min_p, torch.Tensor):
         # Rounded to the probabilities' dtype, as a Python float factor would be.
@@ -173,8 +285,7 @@ def _min_p(
         threshold = min_p * top
     keep = probs >= threshold
     if min_tokens_to_keep > 1:
-        k = min(min_tokens_to_keep, logits.shape[-1])
-        keep.scatter_(-1, torch.topk(logits, k, dim=-1).indices, True)
+        keep = _with_top_tokens(logits, keep, min_tokens_to_keep)
     return keep_only(logits, keep)
 
 
@@ -182,12 +293,6 @@ def _min_p_rows(
     logits: torch.Tensor, batch: Batch, min_ps: torch.Tensor, min_tokens_to_keep: int
 ) -> torch.Tensor:
     return _min_p(logits, min_ps, min_tokens_to_keep)
-
-
-def _top_k_rows(logits: torch.Tensor, batch: Batch, ks: torch.Tensor) -> torch.Tensor:
-    ks = ks.clamp(max=logits.shape[-1]).to(logits.device)
-    values = torch.topk(logits, int(ks.max()), dim=-1).values
-    return keep_only(logits, logits >= values.gather(1, (ks - 1)[:, None]))
 
 
 class TypicalP(LogitsProcessor):
@@ -227,68 +332,77 @@ class TypicalP(LogitsProcessor):
         self.mass = probability("mass", mass)
         self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
         self._masses = row_values([self.mass])
-        self._min_keep = torch.tensor([self.min_tokens_to_keep])
+        self._min_keeps = torch.tensor([self.min_tokens_to_keep])
 
     def config(self) -> dict[str, Any]:
         return {"mass": self.mass, "min_tokens_to_keep": self.min_tokens_to_keep}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _typical_rows(logits, batch, self._masses, self._min_keep, self.first_chunk)
+        if self.mass >= 1.0:
+            return logits
+        return _typical_rows(
+            logits, batch, self._masses, self.min_tokens_to_keep, self._min_keeps, self.first_chunk
+        )
 
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        min_keeps = [p.min_tokens_to_keep for p in processors]  # type: ignore[attr-defined]
+        if all(p.mass >= 1.0 for p in processors):  # type: ignore[attr-defined]
+            return RowwiseProcessor(_unchanged, row_local=True)
         return RowwiseProcessor(
             _typical_rows,
             masses=row_values([p.mass for p in processors]),  # type: ignore[attr-defined]
-            min_keep=torch.tensor([p.min_tokens_to_keep for p in processors]),  # type: ignore[attr-defined]
+            min_keep=max(min_keeps),
+            min_keeps=torch.tensor(min_keeps),
             first_chunk=cls.first_chunk,
         )
+
+
+def _unchanged(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    return logits
 
 
 def _typical_rows(
     logits: torch.Tensor,
     batch: Batch,
     masses: torch.Tensor,
-    min_keep: torch.Tensor,
+    min_keep: int,
+    min_keeps: torch.Tensor,
     first_chunk: int,
 ) -> torch.Tensor:
     off = masses >= 1.0
-    if bool(off.all()):
-        return logits
     # The ranking in the logits' dtype, op for op as transformers computes it: half
     # dtypes round many ranks into ties, and ties are kept together.
     log_probs = torch.log_softmax(logits, dim=-1)
     entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)
     ranks = ((-log_probs) - entropy).abs()
-    weights = torch.softmax(logits, dim=-1, dtype=_mass_dtype(logits))
+    weights = torch.softmax(logits, dim=-1, dtype=mass_dtype(logits))
     # A row that is off needs no mass: target 0 is reached at once, then it keeps all.
     targets = torch.where(off, 0.0, masses).to(weights.device, weights.dtype)[:, None]
-    threshold = _rank_threshold(ranks, weights, targets, min_keep, first_chunk)
+    threshold = _rank_threshold(ranks, weights, targets, min_keep, min_keeps, first_chunk)
     threshold = torch.where(off.to(threshold.device)[:, None], torch.inf, threshold)
     return keep_only(logits, ranks <= threshold)
-
-
-def _mass_dtype(logits: torch.Tensor) -> torch.dtype:
-    return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
 def _rank_threshold(
     ranks: torch.Tensor,
     weights: torch.Tensor,
     targets: torch.Tensor,
-    min_keep: torch.Tensor,
+    min_keep: int,
+    min_keeps: torch.Tensor,
     first_chunk: int,
 ) -> torch.Tensor:
     """``(B, 1)``: per row, the rank of the first token (in ascending rank order) at which
-    the running weight reaches its target, and at least the ``min_keep``-th smallest rank.
-    Keeping ``ranks <= threshold`` keeps whole ties.
+    the running weight reaches its target, and at least the ``min_keeps``-th smallest
+    rank (``min_keep`` is their maximum). Keeping ``ranks <= threshold`` keeps whole ties.
 
     Ranks are taken in ascending chunks with ``torch.topk``, growing the chunk only while
-    some row has not reached its target; a full sort once the chunk would pass 1/8 of
+    some row has not reached its target (on the CPU; an accelerator, which must not read
+    the tensors to decide, sorts at once); a full sort once the chunk would pass 1/8 of
     the row.
     """
     width = ranks.shape[-1]
-    k = min(width, max(first_chunk, int(min_keep.max())))
+    k = min(width, max(first_chunk, min_keep)) if host_sync_allowed(ranks) else width
     while True:
         if k > width // 8:
             k = width
@@ -300,21 +414,29 @@ def _rank_threshold(
             break
         k *= 8
     last = (mass < targets).sum(dim=-1, keepdim=True).clamp(max=k - 1)
-    protected = (min_keep.clamp(max=k) - 1).to(values.device).expand(values.shape[0])
+    protected = (min_keeps.clamp(max=k) - 1).to(values.device).expand(values.shape[0])
     return torch.maximum(values.gather(-1, last), values.gather(-1, protected[:, None]))
 
 
 def _epsilon_rows(
-    logits: torch.Tensor, batch: Batch, epsilons: torch.Tensor, min_keep: torch.Tensor
+    logits: torch.Tensor,
+    batch: Batch,
+    epsilons: torch.Tensor,
+    min_keep: int,
+    min_keeps: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    probs = logits.softmax(dim=-1)
+    probs = probabilities(logits)
     # Cast through the tensor, as a Python float compared with the probabilities is.
     floor = epsilons.to(probs.device, probs.dtype)[:, None]
-    return keep_only(logits, _with_top_tokens(logits, probs >= floor, min_keep))
+    return keep_only(logits, _with_top_tokens(logits, probs >= floor, min_keep, min_keeps))
 
 
 def _eta_rows(
-    logits: torch.Tensor, batch: Batch, epsilons: torch.Tensor, min_keep: torch.Tensor
+    logits: torch.Tensor,
+    batch: Batch,
+    epsilons: torch.Tensor,
+    min_keep: int,
+    min_keeps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
     entropy, _ = _categorical_entropy(logits)
@@ -323,7 +445,7 @@ def _eta_rows(
     epsilons = epsilons.to(device=logits.device, dtype=torch.float32)
     scaled = epsilons.sqrt().to(logits.dtype)[:, None] * torch.exp(-entropy)
     eta = torch.minimum(epsilons.to(logits.dtype)[:, None], scaled)
-    return keep_only(logits, _with_top_tokens(logits, probs >= eta, min_keep))
+    return keep_only(logits, _with_top_tokens(logits, probs >= eta, min_keep, min_keeps))
 
 
 class _ProbabilityFloor(LogitsProcessor):
@@ -337,29 +459,32 @@ class _ProbabilityFloor(LogitsProcessor):
         self.epsilon = probability("epsilon", epsilon)
         self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
         self._epsilons = row_values([self.epsilon])
-        self._min_keep = torch.tensor([self.min_tokens_to_keep])
 
     def config(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon, "min_tokens_to_keep": self.min_tokens_to_keep}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return type(self)._rows(logits, batch, self._epsilons, self._min_keep)
+        return type(self)._rows(logits, batch, self._epsilons, self.min_tokens_to_keep)
 
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
+        min_keeps = [p.min_tokens_to_keep for p in processors]  # type: ignore[attr-defined]
         return RowwiseProcessor(
             cls._rows,
+            row_local=cls.row_local,
             epsilons=row_values([p.epsilon for p in processors]),  # type: ignore[attr-defined]
-            min_keep=torch.tensor([p.min_tokens_to_keep for p in processors]),  # type: ignore[attr-defined]
+            min_keep=max(min_keeps),
+            min_keeps=torch.tensor(min_keeps),
         )
 
 
 class EpsilonCutoff(_ProbabilityFloor):
     """Epsilon sampling: keep tokens whose probability is at least ``epsilon``.
 
-    Oracle: transformers ``EpsilonLogitsWarper`` (identical; probabilities in the logits'
-    dtype as the oracle computes them). The ``min_tokens_to_keep`` most likely tokens are
-    always kept, with every token tied with the last of them.
+    Oracle: transformers ``EpsilonLogitsWarper`` (identical kept sets except within a
+    few float32 ulps of ``epsilon``; probabilities as :class:`MinP` computes them). The
+    ``min_tokens_to_keep`` most likely tokens are always kept, with every token tied
+    with the last of them.
 
     Args:
         epsilon: absolute probability floor, in (0, 1].
@@ -375,6 +500,7 @@ class EpsilonCutoff(_ProbabilityFloor):
     """
 
     spec_name = "epsilon_cutoff"
+    row_local = True
     _rows = staticmethod(_epsilon_rows)
 
 
@@ -414,12 +540,14 @@ def _categorical_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _with_top_tokens(
-    logits: torch.Tensor, keep: torch.Tensor, min_keep: torch.Tensor
+    logits: torch.Tensor, keep: torch.Tensor, min_keep: int, min_keeps: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``keep`` plus, per row, the ``min_keep`` highest logits and every tie of the last."""
-    ks = min_keep.clamp(max=logits.shape[-1])
-    top = torch.topk(logits, int(ks.max()), dim=-1).values
-    kth = top.gather(-1, (ks - 1).to(top.device).expand(top.shape[0])[:, None])
+    """``keep`` plus, per row, the ``min_keeps[row]`` (all: ``min_keep``, their maximum)
+    highest logits and every tie of the last."""
+    if min_keep == 1:
+        kth = logits.amax(dim=-1, keepdim=True)
+    else:
+        kth = _top_k(logits, min_keep, min_keeps).kth
     return keep.logical_or_(logits >= kth)
 
 
@@ -467,7 +595,7 @@ class TopNSigma(LogitsProcessor):
 
 
 def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: torch.Tensor) -> torch.Tensor:
-    values = logits.to(_mass_dtype(logits))
+    values = logits.to(mass_dtype(logits))
     finite = values != float("-inf")
     count = finite.sum(dim=-1, keepdim=True)
     mean = torch.where(finite, values, 0.0).sum(dim=-1, keepdim=True) / count
@@ -503,7 +631,7 @@ class TopH(LogitsProcessor):
 
     spec_name = "top_h"
     argmax_invariant = True
-    candidates = 100  # transformers' cap on the tokens it considers
+    considered = 100  # transformers' cap on the tokens it considers
 
     def __init__(self, top_h: float) -> None:
         self.top_h = probability("top_h", top_h)
@@ -513,21 +641,21 @@ class TopH(LogitsProcessor):
         return {"top_h": self.top_h}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _top_h_rows(logits, batch, self._top_hs, self.candidates)
+        return _top_h_rows(logits, batch, self._top_hs, self.considered)
 
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
         top_hs = row_values([p.top_h for p in processors])  # type: ignore[attr-defined]
-        return RowwiseProcessor(_top_h_rows, top_hs=top_hs, candidates=cls.candidates)
+        return RowwiseProcessor(_top_h_rows, top_hs=top_hs, considered=cls.considered)
 
 
 def _top_h_rows(
-    logits: torch.Tensor, batch: Batch, top_hs: torch.Tensor, candidates: int
+    logits: torch.Tensor, batch: Batch, top_hs: torch.Tensor, considered: int
 ) -> torch.Tensor:
-    top = torch.topk(logits, min(candidates, logits.shape[-1]), dim=-1).values
+    top = torch.topk(logits, min(considered, logits.shape[-1]), dim=-1).values
     entropy, probs = _categorical_entropy(top)
     # tau = entropy * top_h, rounded as a tensor times a Python float is.
-    tau = (entropy.to(_mass_dtype(top)) * opmath(top_hs, top)[:, None]).to(top.dtype)
+    tau = (entropy.to(mass_dtype(top)) * opmath(top_hs, top)[:, None]).to(top.dtype)
     cumulative = (-probs * probs.log()).cumsum(dim=-1)
     # The running entropy never decreases, so the kept candidates are a prefix.
     kept = (cumulative <= tau).sum(dim=-1, keepdim=True).clamp(min=1)

@@ -1,0 +1,279 @@
+"""Candidate-set pipelines (issue 17): after a truncation, row-local processors run on the
+``(B, K)`` candidates and the rows are written once. The result must be the full path's,
+bit for bit; the accelerator branch (``forbid_host_sync``) must equal the CPU branch and
+read no tensor on the host."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
+
+from anylogits import Pipeline
+from anylogits.core.batch import Batch
+from anylogits.core.pipeline import run_on_candidates
+from anylogits.core.processor import LogitsProcessor
+from anylogits.core.sync import forbid_host_sync
+from anylogits.processors._ops import probabilities
+from anylogits.processors.temperature import Temperature
+from anylogits.processors.truncation import (
+    EpsilonCutoff,
+    EtaCutoff,
+    MinP,
+    TopH,
+    TopK,
+    TopNSigma,
+    TopP,
+    TypicalP,
+)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def full_path(processors: list[LogitsProcessor], logits: torch.Tensor) -> torch.Tensor:
+    """Each processor on the whole rows, one after the other (what the pipeline did
+    before candidate sets)."""
+    batch = Batch(logits.shape[0], None)
+    for processor in processors:
+        logits = processor.process(logits, batch)
+    return logits
+
+
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    same = actual.contiguous().view(torch.uint8) == expected.contiguous().view(torch.uint8)
+    assert bool(same.all()), (actual != expected).nonzero().tolist()
+
+
+@st.composite
+def logits_rows(draw: st.DrawFn) -> torch.Tensor:
+    """``(B, V)`` logits: normal at several scales, sometimes rounded (exact ties, also at
+    the k-th logit), sometimes with rows of -inf but a few or one finite logit."""
+    batch = draw(st.integers(1, 64))
+    vocab = draw(st.sampled_from([2, 3, 17, 64, 65, 200, 1000, 5000]))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    logits = torch.randn(batch, vocab, generator=generator, dtype=torch.float64)
+    logits *= draw(st.sampled_from([0.5, 2.0, 5.0, 20.0]))
+    if draw(st.booleans()):
+        logits = (logits * 2).round() / 2
+    if draw(st.booleans()):
+        finite = torch.randint(1, vocab + 1, (batch, 1), generator=generator)
+        finite[torch.rand(batch, generator=generator) < 0.3] = 1  # -inf but one
+        ranks = logits.argsort(dim=-1, descending=True).argsort(dim=-1)
+        logits = logits.masked_fill(ranks >= finite, float("-inf"))
+    return logits.to(draw(st.sampled_from(DTYPES)))
+
+
+FOLLOWERS = [
+    lambda d: TopP(d(st.sampled_from([0.1, 0.5, 0.9, 0.95, 0.999])), d(st.integers(1, 4))),
+    lambda d: MinP(d(st.sampled_from([0.0, 0.01, 0.05, 0.3, 1.0])), d(st.integers(1, 4))),
+    lambda d: Temperature(d(st.sampled_from([0.3, 0.7, 1.0, 1.7]))),
+    lambda d: EpsilonCutoff(d(st.sampled_from([1e-4, 0.01, 0.2])), d(st.integers(1, 4))),
+    lambda d: TopK(d(st.integers(1, 80)), d(st.integers(1, 3))),
+]
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> tuple[TopK, list[LogitsProcessor]]:
+    truncation = TopK(draw(st.integers(1, 70)), draw(st.sampled_from([1, 1, 2, 5, 90])))
+    kinds = draw(st.lists(st.integers(0, len(FOLLOWERS) - 1), min_size=1, max_size=4))
+    return truncation, [FOLLOWERS[kind](draw) for kind in kinds]
+
+
+def has_tie_beyond_k(truncation: TopK, logits: torch.Tensor) -> bool:
+    """Some row keeps more than k logits (ties with the k-th): no exact candidate set."""
+    k = min(max(truncation.top_k, truncation.min_tokens_to_keep), logits.shape[-1])
+    kth = logits.topk(k, dim=-1).values[:, -1:]
+    return bool(((logits >= kth).sum(-1) > k).any())
+
+
+@settings(max_examples=300, deadline=None)
+@given(logits=logits_rows(), chain=chains())
+def test_candidates_give_the_full_paths_bits(
+    logits: torch.Tensor, chain: tuple[TopK, list[LogitsProcessor]]
+) -> None:
+    truncation, followers = chain
+    expected = full_path([truncation, *followers], logits.clone())
+    batch = Batch(logits.shape[0], None)
+    compact = run_on_candidates(truncation, followers, logits.clone(), batch)
+    k = max(truncation.top_k, truncation.min_tokens_to_keep)
+    if compact is None:  # refused only where it must be: a tie spills past k, or k >= V
+        assert k >= logits.shape[-1] or has_tie_beyond_k(truncation, logits)
+    else:
+        assert_same_bits(compact, expected)
+    # The pipeline (which takes the compact path when it can) gives the same bits.
+    assert_same_bits(Pipeline([truncation, *followers])(logits.clone()), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_probabilities_depend_only_on_the_finite_logits(dtype: torch.dtype) -> None:
+    """The same finite logits in other columns (a compact row, or another layout with
+    -inf elsewhere) get the same probability bits: a float sum would not (SIMD lanes
+    group terms by column), and TopP, MinP and EpsilonCutoff compare these bits."""
+    generator = torch.Generator().manual_seed(4)
+    rows = torch.randn(200, 4096, generator=generator) * 5
+    full = torch.full_like(rows, float("-inf"))
+    columns = torch.rand(200, 4096, generator=generator).argsort(dim=-1)[:, :50]
+    values = rows[:, :50].to(dtype)
+    full = full.to(dtype).scatter_(-1, columns, values)
+    expected = probabilities(values)
+    assert_same_bits(probabilities(full).gather(-1, columns), expected)
+    shuffled = values.gather(-1, torch.rand(200, 50, generator=generator).argsort(dim=-1))
+    assert_same_bits(probabilities(shuffled).sort(-1).values, expected.sort(-1).values)
+
+
+def test_the_compact_path_is_taken_and_writes_once() -> None:
+    logits = torch.randn(8, 32_000, generator=torch.Generator().manual_seed(0)) * 5
+    processors = [TopK(50), TopP(0.9), MinP(0.05), Temperature(0.7)]
+    batch = Batch(8, None)
+    compact = run_on_candidates(processors[0], processors[1:], logits.clone(), batch)
+    assert compact is not None
+    assert_same_bits(compact, full_path(processors, logits.clone()))
+    assert bool(((compact != float("-inf")).sum(-1) <= 50).all())
+
+
+def test_a_tie_at_the_kth_logit_falls_back_to_the_full_path() -> None:
+    logits = torch.tensor([[5.0, 4.0, 3.0, 3.0, 3.0, 1.0, 0.0, -1.0]])
+    processors = [TopK(3), Temperature(0.5)]
+    assert run_on_candidates(processors[0], processors[1:], logits.clone(), Batch(1)) is None
+    out = Pipeline(processors)(logits.clone())
+    assert out.isfinite().sum() == 5  # the whole tie at the 3rd logit is kept
+    assert_same_bits(out, full_path(processors, logits.clone()))
+
+
+def test_stacked_rows_take_the_compact_path_too() -> None:
+    """vLLM's grouped rows run stacked processors (RowwiseProcessor): TopK's stack
+    returns candidates too, each row with its own k."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5000, generator=generator) * 4
+    top_ks = TopK.stack([TopK(5), TopK(40), TopK(17, min_tokens_to_keep=20)])
+    temperatures = Temperature.stack([Temperature(0.5), Temperature(1.0), Temperature(2.0)])
+    min_ps = MinP.stack([MinP(0.05), MinP(0.2), MinP(0.0)])
+    assert min_ps is not None
+    followers: list[LogitsProcessor] = [min_ps, temperatures]
+    compact = run_on_candidates(top_ks, followers, logits.clone(), Batch(3))
+    assert compact is not None
+    assert_same_bits(compact, full_path([top_ks, *followers], logits.clone()))
+    assert (compact.isfinite().sum(-1) <= torch.tensor([5, 40, 20])).all()
+
+
+# --------------------------------------------------------------------------------------
+# The accelerator branch: no host reads, the CPU branch's bits
+# --------------------------------------------------------------------------------------
+
+SYNC_FUNCTIONS = {
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.nonzero,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.nonzero,
+}
+
+
+class CountHostReads(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in SYNC_FUNCTIONS:
+            self.reads.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def sync_free_processors() -> list[LogitsProcessor]:
+    stacked = [
+        TopK.stack([TopK(3), TopK(40)]),
+        Temperature.stack([Temperature(0.5), Temperature(2.0)]),
+        TypicalP.stack([TypicalP(0.5, 2), TypicalP(0.9)]),
+        EpsilonCutoff.stack([EpsilonCutoff(0.01), EpsilonCutoff(0.1, 3)]),
+        EtaCutoff.stack([EtaCutoff(0.01), EtaCutoff(0.1, 3)]),
+        TopNSigma.stack([TopNSigma(1.0), TopNSigma(2.0)]),
+        TopH.stack([TopH(0.5), TopH(0.9)]),
+        MinP.stack([MinP(0.05), MinP(0.2)]),
+    ]
+    return [
+        Temperature(0.7),
+        TopK(50),
+        TopK(3, min_tokens_to_keep=5),
+        TopP(0.9),
+        TopP(0.5, min_tokens_to_keep=3),
+        MinP(0.05),
+        MinP(0.1, min_tokens_to_keep=4),
+        TypicalP(0.9),
+        EpsilonCutoff(0.01),
+        EtaCutoff(0.01, 2),
+        TopNSigma(1.5),
+        TopH(0.7),
+        *[processor for processor in stacked if processor is not None],
+    ]
+
+
+@pytest.mark.parametrize("processor", sync_free_processors(), ids=repr)
+@pytest.mark.parametrize("kind", ["peaked", "flat"])
+def test_the_accelerator_branch_reads_nothing_and_gives_the_cpu_bits(
+    processor: LogitsProcessor, kind: str
+) -> None:
+    scale = 5.0 if kind == "peaked" else 1.0
+    logits = torch.randn(2, 20_000, generator=torch.Generator().manual_seed(2)) * scale
+    batch = Batch(2, None)
+    cpu = processor.process(logits.clone(), batch)
+    counter = CountHostReads()
+    with forbid_host_sync(), counter:
+        accelerator = processor.process(logits.clone(), batch)
+    assert counter.reads == [], f"{processor!r} read tensors on the host: {counter.reads}"
+    assert_same_bits(accelerator, cpu)
+
+
+def test_the_pipeline_reads_nothing_on_the_accelerator_branch() -> None:
+    logits = torch.randn(4, 20_000, generator=torch.Generator().manual_seed(3)) * 5
+    pipeline = Pipeline([TopK(50), TopP(0.9), MinP(0.05), Temperature(0.7)])
+    cpu = pipeline(logits.clone())
+    counter = CountHostReads()
+    with forbid_host_sync(), counter:
+        accelerator = pipeline(logits.clone())
+    assert counter.reads == []
+    assert_same_bits(accelerator, cpu)
+
+
+@settings(max_examples=100, deadline=None)
+@given(logits=logits_rows(), chain=chains())
+def test_the_accelerator_branch_equals_the_cpu_branch(
+    logits: torch.Tensor, chain: tuple[TopK, list[LogitsProcessor]]
+) -> None:
+    pipeline = Pipeline([chain[0], *chain[1]])
+    cpu = pipeline(logits.clone())
+    with forbid_host_sync():
+        accelerator = pipeline(logits.clone())
+    assert_same_bits(accelerator, cpu)
+
+
+def test_the_pipeline_benchmarks_run() -> None:
+    """asv_bench/benchmarks/bench_pipeline.py, one cheap combination each."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asv_bench"))
+    from benchmarks.bench_pipeline import PipelineChain, TopPVsTransformers
+
+    chain = PipelineChain()
+    chain.setup(32_000, 1)
+    assert chain.track_chain_over_floor(32_000, 1) > 0
+    # The floor keeps what the chain's TopK keeps, before TopP / MinP truncate more.
+    logits = chain.logits.clone()
+    kept = chain.chain(logits.clone()).isfinite()
+    assert bool((kept <= chain.floor(logits.clone()).isfinite()).all())
+    pytest.importorskip("transformers")
+    top_p = TopPVsTransformers()
+    top_p.setup("flat", 1)
+    assert top_p.track_ours_over_transformers("flat", 1) > 0
