@@ -162,7 +162,11 @@ _bias_buffers = threading.local()
 
 
 def _bias_buffer(table: torch.Tensor, halfwords: int) -> torch.Tensor:
-    buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = _bias_buffers.__dict__
+    buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] | None = getattr(
+        _bias_buffers, "by_key", None
+    )
+    if buffers is None:
+        buffers = _bias_buffers.by_key = {}
     key = (table.device, table.dtype)
     buffer = buffers.get(key)
     if buffer is None or buffer.shape[0] < halfwords:
