@@ -200,7 +200,10 @@ def bench(session: nox.Session) -> None:
         *nox.project.dependency_groups(PYPROJECT, "bench"),
     )
     session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
-    commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True).strip()
+    commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True)
+    if commit is None:  # --install-only: nothing ran
+        return
+    commit = commit.strip()
     session.chdir("asv_bench")
     session.run("asv", "machine", "--yes")
     session.run(
