@@ -57,7 +57,7 @@ def _param_names(key: str) -> list[str]:
         "EngineVsNativeMlx": ["job"],
         "EngineVsNativeVllm": ["job"],
         "PipelineChain": ["vocab", "batch"],
-        "TopPVsTransformers": ["logits"],
+        "TopPVsTransformers": ["logits", "batch"],
     }[key.split(".")[-2]]
 
 
