@@ -12,7 +12,6 @@ pytest.importorskip("hypothesis")
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.overrides import TorchFunctionMode
 
 from anylogits import Pipeline
 from anylogits.core.batch import Batch
@@ -31,6 +30,7 @@ from anylogits.processors.truncation import (
     TopP,
     TypicalP,
 )
+from anylogits.testing.host_reads import HostReads
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -166,30 +166,6 @@ def test_stacked_rows_take_the_compact_path_too() -> None:
 # The accelerator branch: no host reads, the CPU branch's bits
 # --------------------------------------------------------------------------------------
 
-SYNC_FUNCTIONS = {
-    torch.Tensor.__bool__,
-    torch.Tensor.__int__,
-    torch.Tensor.__float__,
-    torch.Tensor.__index__,
-    torch.Tensor.item,
-    torch.Tensor.tolist,
-    torch.Tensor.nonzero,
-    torch.Tensor.cpu,
-    torch.Tensor.numpy,
-    torch.nonzero,
-}
-
-
-class CountHostReads(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if func in SYNC_FUNCTIONS:
-            self.reads.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
 
 def sync_free_processors() -> list[LogitsProcessor]:
     stacked = [
@@ -228,10 +204,9 @@ def test_the_accelerator_branch_reads_nothing_and_gives_the_cpu_bits(
     logits = torch.randn(2, 20_000, generator=torch.Generator().manual_seed(2)) * scale
     batch = Batch(2, None)
     cpu = processor.process(logits.clone(), batch)
-    counter = CountHostReads()
-    with forbid_host_sync(), counter:
+    with forbid_host_sync(), HostReads() as counter:
         accelerator = processor.process(logits.clone(), batch)
-    assert counter.reads == [], f"{processor!r} read tensors on the host: {counter.reads}"
+    assert counter.total == 0, f"{processor!r} read tensors on the host: {counter.kinds}"
     assert_same_bits(accelerator, cpu)
 
 
@@ -239,10 +214,9 @@ def test_the_pipeline_reads_nothing_on_the_accelerator_branch() -> None:
     logits = torch.randn(4, 20_000, generator=torch.Generator().manual_seed(3)) * 5
     pipeline = Pipeline([TopK(50), TopP(0.9), MinP(0.05), Temperature(0.7)])
     cpu = pipeline(logits.clone())
-    counter = CountHostReads()
-    with forbid_host_sync(), counter:
+    with forbid_host_sync(), HostReads() as counter:
         accelerator = pipeline(logits.clone())
-    assert counter.reads == []
+    assert counter.total == 0, counter.kinds
     assert_same_bits(accelerator, cpu)
 
 

@@ -18,6 +18,8 @@
 * :mod:`~anylogits.testing.tiny_model`: a deterministic tiny random-weight Llama with a real
   vocabulary, cached as a Hugging Face folder and a GGUF file.
 * :mod:`~anylogits.testing.pins`: versions of outside packages the tooling pins.
+* :mod:`~anylogits.testing.host_reads`: ``HostReads``, a counter of operations that read
+  tensor values on the host (each stalls a GPU stream), for the host-sync tests.
 
 Apart from :func:`check_processor`, this package is for testing anylogits; it is not part
 of the public API and may change without notice. Backend libraries are imported only
