@@ -21,11 +21,17 @@ def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     ``torch.where`` into the same tensor: a boolean ``masked_fill_`` is several times
     slower on CPU for scattered masks.
     """
+    return torch.where(keep, logits, minus_inf(logits), out=logits)
+
+
+def minus_inf(logits: torch.Tensor) -> torch.Tensor:
+    """A 0-d ``-inf`` in the logits' dtype and on their device, made once per pair: a new
+    0-d tensor costs more than a small ``where``."""
     key = (logits.dtype, logits.device)
-    minus_inf = _MINUS_INF.get(key)
-    if minus_inf is None:  # made once: a new 0-d tensor costs more than a small `where`
-        minus_inf = _MINUS_INF[key] = torch.tensor(float("-inf"), dtype=key[0], device=key[1])
-    return torch.where(keep, logits, minus_inf, out=logits)
+    value = _MINUS_INF.get(key)
+    if value is None:
+        value = _MINUS_INF[key] = torch.tensor(float("-inf"), dtype=key[0], device=key[1])
+    return value
 
 
 _MINUS_INF: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -245,8 +251,7 @@ def add_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Ten
 
 def suppress_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:
     """Set ``index``'s ids to ``-inf``, row by row, in place."""
-    minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-    return logits.index_put_(index.on(logits), minus_inf)
+    return logits.index_put_(index.on(logits), minus_inf(logits))
 
 
 class SequenceEnds:

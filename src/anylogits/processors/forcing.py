@@ -31,7 +31,7 @@ from anylogits.processors._checks import (
     text_or_ids,
     token_or_text,
 )
-from anylogits.processors._ops import TokenColumns, eos_columns, eos_ids, no_eos
+from anylogits.processors._ops import TokenColumns, eos_columns, eos_ids, minus_inf, no_eos
 
 
 def force(
@@ -78,8 +78,7 @@ def force_where(
     if strict:
         # Rows not forced get their own logits written back at ``columns``.
         chosen = logits.gather(1, columns)
-        minus_inf = torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
-        torch.where(forcing[:, None], minus_inf, logits, out=logits)
+        torch.where(forcing[:, None], minus_inf(logits), logits, out=logits)
         return logits.scatter_(1, columns, chosen)
     forced = force(logits.clone(), columns, strict)
     return torch.where(forcing[:, None], forced, logits, out=logits)
