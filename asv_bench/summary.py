@@ -216,6 +216,13 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         ]
     ),
     (
+        "10e. vLLM-CPU: anylogits / unprocessed sampling (no processor at all), per generated "
+        "token: what the processors add; unprocessed / native bounds 10d",
+        "bench_engine_vllm.EngineVsNativeVllm.track_ours_over_unprocessed",
+        None,
+        None,
+    ),
+    (
         "11. pipeline chain (RepetitionPenalty, TopK, TopP, MinP, Temperature) / its floor "
         "(RepetitionPenalty + torch.topk + one write-back)",
         "bench_pipeline.PipelineChain.track_chain_over_floor",

@@ -12,13 +12,15 @@ pytest.importorskip("hypothesis")
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from anylogits import Pipeline
 from anylogits.core.batch import Batch
 from anylogits.core.pipeline import run_on_candidates
-from anylogits.core.processor import LogitsProcessor
+from anylogits.core.processor import Candidates, LogitsProcessor
 from anylogits.core.sync import forbid_host_sync
-from anylogits.processors._ops import probabilities
+from anylogits.processors._ops import probabilities, top_logits
+from anylogits.processors.penalties import RepetitionPenalty
 from anylogits.processors.temperature import Temperature
 from anylogits.processors.truncation import (
     EpsilonCutoff,
@@ -48,6 +50,11 @@ def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     same = actual.contiguous().view(torch.uint8) == expected.contiguous().view(torch.uint8)
     assert bool(same.all()), (actual != expected).nonzero().tolist()
+
+
+def written(candidates: Candidates | None, logits: torch.Tensor) -> torch.Tensor | None:
+    """``candidates`` written into a copy of ``logits``."""
+    return None if candidates is None else candidates.write(logits.clone())
 
 
 @st.composite
@@ -100,7 +107,7 @@ def test_candidates_give_the_full_paths_bits(
     truncation, followers = chain
     expected = full_path([truncation, *followers], logits.clone())
     batch = Batch(logits.shape[0], None)
-    compact = run_on_candidates(truncation, followers, logits.clone(), batch)
+    compact = written(run_on_candidates(truncation, followers, logits, batch), logits)
     k = max(truncation.top_k, truncation.min_tokens_to_keep)
     if compact is None:  # refused only where it must be: a tie spills past k, or k >= V
         assert k >= logits.shape[-1] or has_tie_beyond_k(truncation, logits)
@@ -131,10 +138,30 @@ def test_the_compact_path_is_taken_and_writes_once() -> None:
     logits = torch.randn(8, 32_000, generator=torch.Generator().manual_seed(0)) * 5
     processors = [TopK(50), TopP(0.9), MinP(0.05), Temperature(0.7)]
     batch = Batch(8, None)
-    compact = run_on_candidates(processors[0], processors[1:], logits.clone(), batch)
+    compact = written(run_on_candidates(processors[0], processors[1:], logits, batch), logits)
     assert compact is not None
     assert_same_bits(compact, full_path(processors, logits.clone()))
     assert bool(((compact != float("-inf")).sum(-1) <= 50).all())
+
+
+def test_pipeline_compact_hands_over_the_last_candidates_unwritten() -> None:
+    """``Pipeline.compact`` returns the last run's candidates without touching the rows
+    (llama.cpp's hook builds its candidate list from them); written, they are
+    ``__call__``'s result. A pipeline that does not end in a candidate run gives rows."""
+    logits = torch.randn(4, 32_000, generator=torch.Generator().manual_seed(2)) * 5
+    history = torch.tensor([[1, 2, 3]] * 4)
+    chain = [RepetitionPenalty(1.3), TopK(50), TopP(0.9), MinP(0.05), Temperature(0.7)]
+    expected = Pipeline(chain)(logits.clone(), history)
+    rows = logits.clone()
+    compact = Pipeline(chain).compact(rows, history)
+    assert isinstance(compact, Candidates)
+    assert compact.values.shape == (4, 50)
+    assert int(rows.isinf().sum()) == 0  # not written
+    assert_same_bits(compact.write(rows), expected)
+    ending_in_full_rows = [*chain, RepetitionPenalty(1.1)]
+    rows = Pipeline(ending_in_full_rows).compact(logits.clone(), history)
+    assert isinstance(rows, torch.Tensor)
+    assert_same_bits(rows, Pipeline(ending_in_full_rows)(logits.clone(), history))
 
 
 def test_a_tie_at_the_kth_logit_falls_back_to_the_full_path() -> None:
@@ -156,7 +183,7 @@ def test_stacked_rows_take_the_compact_path_too() -> None:
     min_ps = MinP.stack([MinP(0.05), MinP(0.2), MinP(0.0)])
     assert min_ps is not None
     followers: list[LogitsProcessor] = [min_ps, temperatures]
-    compact = run_on_candidates(top_ks, followers, logits.clone(), Batch(3))
+    compact = written(run_on_candidates(top_ks, followers, logits, Batch(3)), logits)
     assert compact is not None
     assert_same_bits(compact, full_path([top_ks, *followers], logits.clone()))
     assert (compact.isfinite().sum(-1) <= torch.tensor([5, 40, 20])).all()
@@ -251,3 +278,59 @@ def test_the_pipeline_benchmarks_run() -> None:
     top_p = TopPVsTransformers()
     top_p.setup("flat", 1)
     assert top_p.track_ours_over_transformers("flat", 1) > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_top_logits_are_torch_topks(data: st.DataObject) -> None:
+    """The chunked top-k gives ``torch.topk``'s values, and the same columns wherever
+    the k-th value is not tied (NaN, ±inf and exact ties included)."""
+    width = data.draw(st.sampled_from([64 * 8, 64 * 8 + 5, 4096, 32000, 32007]))
+    rows = data.draw(st.integers(1, 8))
+    k = data.draw(st.integers(1, width // 512))
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**32 - 1)))
+    logits = torch.randn(rows, width, generator=generator, dtype=torch.float64)
+    if data.draw(st.booleans()):
+        logits = (logits * 2).round() / 2  # ties everywhere, at the k-th value too
+    for special in data.draw(st.lists(st.sampled_from(["nan", "inf", "-inf"]), max_size=3)):
+        spots = torch.randint(0, width, (rows, data.draw(st.integers(1, 40))), generator=generator)
+        logits.scatter_(-1, spots, float(special))
+    logits = logits.to(data.draw(st.sampled_from(DTYPES)))
+
+    values, columns = top_logits(logits, k)
+    expected_values, expected_columns = torch.topk(logits, k, dim=-1)
+    assert_same_values(values, expected_values)
+    assert_same_values(logits.gather(-1, columns), values)
+    following = logits.sort(dim=-1, descending=True).values[:, k : k + 1]
+    kth = expected_values[:, -1:]
+    tied = (kth == following) | (kth.isnan() & following.isnan())
+    for row in (~tied).squeeze(-1).nonzero().flatten().tolist():
+        assert set(columns[row].tolist()) == set(expected_columns[row].tolist())
+
+
+def assert_same_values(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal, NaN where NaN (``topk`` rewrites a NaN's bits in bfloat16)."""
+    assert torch.equal(actual.isnan(), expected.isnan())
+    assert torch.equal(actual.nan_to_num(), expected.nan_to_num())
+
+
+def test_top_logits_sort_only_the_chosen_chunks_of_a_long_row() -> None:
+    """No ``topk`` reads the whole row (the chunk maxima and the 4 chosen chunks only),
+    no host read, and the top logits are found wherever their chunks are."""
+    logits = torch.full((2, 64 * 100), -5.0)
+    logits[0, [3, 700, 701, 6399]] = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    logits[1, [0, 64, 128, 6300]] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    widths: list[int] = []
+
+    class TopkWidths(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.topk:
+                widths.append(args[0].shape[-1])
+            return func(*args, **(kwargs or {}))
+
+    with HostReads() as reads, TopkWidths():
+        values, columns = top_logits(logits, 4)
+    assert reads.total == 0
+    assert widths == [100, 4 * 64]
+    assert values.tolist() == [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.0]]
+    assert columns.tolist() == [[3, 700, 701, 6399], [6300, 128, 64, 0]]

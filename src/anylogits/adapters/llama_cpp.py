@@ -34,7 +34,7 @@ import torch
 from anylogits.adapters._hook import PipelineHook
 from anylogits.core.arrays import from_torch, to_torch
 from anylogits.core.pipeline import Pipeline
-from anylogits.core.processor import LogitsProcessor
+from anylogits.core.processor import Candidates, LogitsProcessor
 from anylogits.core.vocab import Vocabulary
 
 
@@ -71,17 +71,37 @@ class LlamaCppLogitsProcessor(PipelineHook):
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         try:
             converted = to_torch(scores)
-            # int32 -> int64 copies, which also detaches us from llama's reused buffer.
-            history = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))[None]
-            result = self.pipeline(converted.tensor, history)
+            result = self.pipeline(converted.tensor, _history(input_ids))
             return from_torch(result, converted, in_place=True)
         except BaseException as error:
-            # Raising here would be swallowed by the ctypes callback and generation would
-            # go on unconstrained: stop it instead and let generate() re-raise.
-            self.failures.record(error)
-            scores[:] = -np.inf
-            scores[self.eos_token_id] = 0.0
-            return scores
+            return self._stop(error, scores)
+
+    def compact(self, input_ids: np.ndarray, scores: np.ndarray) -> Candidates | None:
+        """Process ``scores`` (1-D, contiguous); when the pipeline ends on a truncation's
+        candidates they are returned and ``scores`` are not written (see
+        :meth:`~anylogits.Pipeline.compact`), otherwise ``scores`` hold the result."""
+        try:
+            converted = to_torch(scores)
+            result = self.pipeline.compact(converted.tensor, _history(input_ids))
+            if isinstance(result, Candidates):
+                return result
+            from_torch(result, converted, in_place=True)
+        except BaseException as error:
+            self._stop(error, scores)
+        return None
+
+    def _stop(self, error: BaseException, scores: np.ndarray) -> np.ndarray:
+        # Raising here would be swallowed by the ctypes callback and generation would
+        # go on unconstrained: stop it instead and let generate() re-raise.
+        self.failures.record(error)
+        scores[:] = -np.inf
+        scores[self.eos_token_id] = 0.0
+        return scores
+
+
+def _history(input_ids: np.ndarray) -> torch.Tensor:
+    # int32 -> int64 copies, which also detaches us from llama's reused buffer.
+    return torch.from_numpy(np.asarray(input_ids, dtype=np.int64))[None]
 
 
 class AnyLogitsProcessorList(llama_cpp.LogitsProcessorList):
@@ -164,18 +184,42 @@ class CandidateSetSampler:
         scores = column.clone(memory_format=torch.contiguous_format)
         logits = scores.numpy()
         input_ids = self.model._input_ids
-        for processor in self.processors:
-            logits[:] = processor(input_ids, logits)
-        kept = logits != -np.inf
-        count = int(np.count_nonzero(kept))
+        if len(self.processors) == 1 and isinstance(self.processors[0], LlamaCppLogitsProcessor):
+            # Ours alone: a pipeline ending on candidates hands them over, unwritten.
+            kept = self.processors[0].compact(input_ids, logits)
+            if kept is not None:
+                _keep(records, candidates, kept)
+                return
+        else:
+            for processor in self.processors:
+                logits[:] = processor(input_ids, logits)
+        kept_mask = logits != -np.inf
+        count = int(np.count_nonzero(kept_mask))
         if count in (0, len(logits)):
             column.copy_(scores)
             return
-        positions = np.flatnonzero(kept)
+        positions = np.flatnonzero(kept_mask)
         front = records[positions]
         front["logit"] = logits[positions]
         records[:count] = front
         candidates.size = count
+
+
+def _keep(records: np.ndarray, candidates: Any, kept: Candidates) -> None:
+    """Move the finite ``kept`` candidates (one row) to the front of llama.cpp's array in
+    token order (the array's order: ids ascending), and shrink it to them."""
+    values, columns = kept.values[0], kept.columns[0]
+    finite = values != float("-inf")
+    columns, values = columns[finite], values[finite]
+    order = columns.argsort()
+    positions = columns[order].numpy()
+    if len(positions) == 0:
+        records["logit"] = -np.inf
+        return
+    front = records[positions]
+    front["logit"] = values[order].numpy()
+    records[: len(positions)] = front
+    candidates.size = len(positions)
 
 
 _CANDIDATE_RECORD = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)

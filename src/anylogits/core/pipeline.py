@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch, TokenSource
-from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.processor import Candidates, LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.tracker import SequenceTracker
 from anylogits.core.vocab import Vocabulary
@@ -46,19 +46,17 @@ def run_on_candidates(
     followers: Sequence[LogitsProcessor],
     logits: torch.Tensor,
     batch: Batch,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor | None:
+) -> Candidates | None:
     """``truncation`` then ``followers`` (row-local) applied to ``logits``, the followers
-    on the ``(B, K)`` candidates the truncation leaves; ``None`` (nothing done) when it
-    leaves no candidates or a row holds more than ``K`` (a tie at the K-th logit). With
-    ``out``, the rows are written there and ``logits`` stay untouched.
+    on the ``(B, K)`` candidates the truncation leaves, which are returned (``logits``
+    are not written); ``None`` (nothing done) when it leaves no candidates or a row holds
+    more than ``K`` (a tie at the K-th logit).
 
     The followers see the same finite logits as on the full rows and give the same bits
-    (``row_local`` promises it), so the result is the full path's, bit for bit. Whether
-    every row is exact is a host read: an accelerator would stall the stream on it, and a
-    fallback that needs no read would compute the full path anyway, so there the
-    processors run on the full rows.
+    (``row_local`` promises it), so the written candidates are the full path's result,
+    bit for bit. Whether every row is exact is a host read: an accelerator would stall
+    the stream on it, and a fallback that needs no read would compute the full path
+    anyway, so there the processors run on the full rows.
     """
     if not host_sync_allowed(logits):
         return None
@@ -68,7 +66,7 @@ def run_on_candidates(
     values = candidates.values
     for follower in followers:
         values = follower.process(values, batch)
-    return candidates._replace(values=values).write(logits if out is None else out)
+    return candidates._replace(values=values)
 
 
 class Pipeline:
@@ -153,6 +151,30 @@ class Pipeline:
         processors follow it, those run on the ``(B, K)`` candidates and the rows are
         written once (see :func:`run_on_candidates`).
         """
+        result = self._run(logits, batch, out, compact=False)
+        assert isinstance(result, torch.Tensor)
+        return result
+
+    def compact(
+        self,
+        logits: torch.Tensor,
+        token_ids: TokenSource | None = None,
+        *,
+        lengths: torch.Tensor | None = None,
+    ) -> torch.Tensor | Candidates:
+        """:meth:`__call__`, except that when the last processors ran on a truncation's
+        candidates, those :class:`~anylogits.core.processor.Candidates` are returned
+        unwritten (``candidates.write(logits)`` gives ``__call__``'s result): for engines
+        that keep a list of candidate tokens of their own (llama.cpp), which then need
+        neither the full rows written nor scanned for the tokens left. ``logits`` may
+        have been edited in place by the processors before that run."""
+        self.check_logits(logits)
+        batch = self._batch(logits.shape[0], token_ids, lengths)
+        return self._run(logits, batch, None, compact=True)
+
+    def _run(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None, *, compact: bool
+    ) -> torch.Tensor | Candidates:
         processors = self.processors
         if out is not None and not processors:
             return out.copy_(logits)
@@ -161,11 +183,14 @@ class Pipeline:
             processor = processors[index]
             end = self._row_local_ends[index]
             if end > index + 1:
-                result = run_on_candidates(
-                    processor, processors[index + 1 : end], logits, batch, out=out
+                candidates = run_on_candidates(
+                    processor, processors[index + 1 : end], logits, batch
                 )
-                if result is not None:
-                    logits, index, out = result, end, None
+                if candidates is not None:
+                    if compact and end == len(processors):
+                        return candidates
+                    logits = candidates.write(logits if out is None else out)
+                    index, out = end, None
                     continue
             if out is not None:
                 # The first write goes to `out`: the caller's logits stay untouched.

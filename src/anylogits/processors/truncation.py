@@ -29,6 +29,7 @@ from anylogits.processors._ops import (
     row_values,
     shifted_exp,
     sorted_descending,
+    top_logits,
 )
 
 
@@ -106,7 +107,7 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
     candidates, exact in rows whose next logit is below the k-th (no tie spills over)."""
     width = logits.shape[-1]
     k_max = min(k_max, width)
-    values, columns = torch.topk(logits, min(k_max + 1, width), dim=-1)
+    values, columns = top_logits(logits, min(k_max + 1, width))
     if ks is None:
         kth = values[:, k_max - 1 : k_max]
         following = values[:, k_max : k_max + 1]
@@ -203,7 +204,7 @@ def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) 
             k = width
             values = sorted_descending(logits)
         else:
-            values = torch.topk(logits, k, dim=-1).values
+            values = top_logits(logits, k)[0]
         weights = shifted_exp(values, values[:, :1], torch.float32)
         if total is None:  # the whole sorted row: the same exact sum as the row's
             total = row_total(weights)
@@ -652,7 +653,7 @@ class TopH(LogitsProcessor):
 def _top_h_rows(
     logits: torch.Tensor, batch: Batch, top_hs: torch.Tensor, considered: int
 ) -> torch.Tensor:
-    top = torch.topk(logits, min(considered, logits.shape[-1]), dim=-1).values
+    top = top_logits(logits, min(considered, logits.shape[-1]))[0]
     entropy, probs = _categorical_entropy(top)
     # tau = entropy * top_h, rounded as a tensor times a Python float is.
     tau = (entropy.to(mass_dtype(top)) * opmath(top_hs, top)[:, None]).to(top.dtype)
