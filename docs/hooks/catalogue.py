@@ -63,7 +63,11 @@ def parameter_rows(cls: type[LogitsProcessor]) -> list[str]:
     for name, parameter in constructor_parameters(cls).items():
         annotation = parameter.annotation
         kind = "" if annotation is parameter.empty else f"`{_text(annotation)}`"
-        default = "required" if parameter.default is parameter.empty else f"`{parameter.default!r}`"
+        default = (
+            "required"
+            if parameter.default is parameter.empty
+            else f"`{_cell(repr(parameter.default))}`"
+        )
         rows.append(f"| `{name}` | {kind} | {default} |")
     return rows
 
@@ -71,6 +75,11 @@ def parameter_rows(cls: type[LogitsProcessor]) -> list[str]:
 def _text(annotation: Any) -> str:
     # Annotations are strings here (the modules use `from __future__ import annotations`).
     text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    return _cell(text)
+
+
+def _cell(text: str) -> str:
+    """``text`` inside a table cell: a pipe would end the cell, even in code."""
     return text.replace("|", "\\|")
 
 
@@ -85,11 +94,13 @@ def catalogue_markdown() -> str:
     groups: dict[str, list[str]] = {}
     for name, cls in processors.items():
         groups.setdefault(cls.__module__, []).append(name)
+    # The catalogue's modules first, the adapters' wire types after them.
+    modules = sorted(groups, key=lambda module: (module.startswith("anylogits.adapters."), module))
     summary = ["| spec name | class | what it does |", "|---|---|---|"]
     sections = []
-    for module, names in sorted(groups.items()):
+    for module in modules:
         sections.append(f"## `{module.removeprefix('anylogits.')}`\n")
-        for name in names:
+        for name in groups[module]:
             cls = processors[name]
             summary.append(f"| [`{name}`](#{name}) | `{cls.__name__}` | {first_paragraph(cls)} |")
             rows = parameter_rows(cls)

@@ -1,10 +1,15 @@
-"""A griffe extension: the docstrings' reST roles (:class:`~anylogits.Pipeline`,
-:func:`for_vllm`, ...) as links to the API reference.
+"""A griffe extension: the docstrings' reST habits, read as the API reference shows them.
 
-The docstrings are Google style, written for readers of the source, and name objects
-with Sphinx roles, which Markdown would show as they are. Each role becomes the object's
-name in code, linked where the reference documents it (an optional cross-reference:
-autorefs leaves it unlinked, without a warning, when the object has no page).
+The docstrings are Google style, written for readers of the source, with two habits of
+reST that Markdown would show as they are:
+
+- Sphinx roles (:class:`~anylogits.Pipeline`, :func:`for_vllm`, ...): each becomes the
+  object's name in code, linked where the reference documents it (an optional
+  cross-reference: autorefs leaves it unlinked, without a warning, when the object has
+  no page);
+- ``Example:`` headings, which griffe reads as an admonition (only ``Examples:`` is its
+  examples section, where ``>>>`` lines become code), and ``Example::`` followed by an
+  indented literal block: both become an examples section, the literal block fenced.
 """
 
 from __future__ import annotations
@@ -15,13 +20,26 @@ from typing import Any
 from griffe import Alias, Extension, GriffeLoader, Module, Object
 
 ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):`(~?)\.?([\w.]+)`")
+EXAMPLE = re.compile(r"^( *)Example:$", re.M)
+LITERAL_EXAMPLE = re.compile(r"^( *)Example::\n\n((?:\1    .*\n|[ ]*\n)*(?:\1    .*))", re.M)
 
 
 class DocstringRoles(Extension):
     def on_package(self, *, pkg: Module, loader: GriffeLoader, **kwargs: Any) -> None:
         for obj in _objects(pkg):
             if obj.docstring is not None:
-                obj.docstring.value = linked(obj.docstring.value, obj, loader)
+                text = linked(obj.docstring.value, obj, loader)
+                obj.docstring.value = EXAMPLE.sub(r"\1Examples:", fenced(text))
+
+
+def fenced(text: str) -> str:
+    """``Example::`` and its indented literal block as an examples section of Python code."""
+
+    def fence(match: re.Match[str]) -> str:
+        indent, block = match[1], match[2]
+        return f"{indent}Examples:\n{indent}    ```python\n{block}\n{indent}    ```"
+
+    return LITERAL_EXAMPLE.sub(fence, text)
 
 
 def linked(text: str, scope: Object, loader: GriffeLoader) -> str:
