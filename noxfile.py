@@ -13,7 +13,7 @@ import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix"]
+nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix", "docs"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CONSTRAINTS = ("-c", "constraints.txt")
@@ -186,6 +186,22 @@ def matrix(session: nox.Session) -> None:
         "--strict",
         str(SUPPORT_RESULTS),
         "docs/support-matrix.md",
+    )
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml) into site/, any warning an error. The catalogue
+    page and the benchmark plots are generated while it builds (docs/hooks/)."""
+    session.install(*CONSTRAINTS, "-e", ".", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run(
+        "mkdocs",
+        "build",
+        "--strict",
+        "--site-dir",
+        "site",
+        *session.posargs,
+        env={"NO_MKDOCS_2_WARNING": "1"},  # mkdocs-material's banner about MkDocs 2.0
     )
 
 

@@ -7,16 +7,24 @@ pipeline against its floor, TopP against transformers, structured generation aga
 llguidance called directly and against outlines). A benchmark that did not run (its
 engine is not installed, or it was filtered out) prints "(not run)".
 
-Usage (from asv_bench/, after `asv run`): python summary.py [RESULTS_DIR]
+Usage (from asv_bench/, after `asv run`): python summary.py [RESULTS_DIR] [--export JSON]
+
+``--export`` also writes the run as JSON (every measured value, the tables with their
+verdicts, the date, commit and machine): ``docs/benchmarks/results.json`` is such a
+snapshot, committed, and the documentation site draws its plots from it.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import itertools
+import json
 import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from asv.results import Results
 
@@ -238,9 +246,72 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
 ]
 
 
+def table_rows(
+    result: Results, key: str, extra_key: str | None, verdict: Verdict | None
+) -> Iterator[tuple[Params, float, str, str]]:
+    """``(params, value, detail, note)`` for each row of one table."""
+    known = set(result.get_all_result_keys())
+    extra = {}
+    if extra_key in known:
+        extra = {params_key(p): v for p, v in rows(result, extra_key)}
+    for params, value in rows(result, key):
+        detail = (
+            f"{extra[params_key(params)]:.1f} us/step"
+            if key.endswith("l128") and params_key(params) in extra
+            else ""
+        )
+        yield params, value, detail, verdict(params, value, extra) if verdict else ""
+
+
+def _utc(milliseconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(milliseconds / 1000, datetime.timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def snapshot(result: Results) -> dict[str, Any]:
+    """The run as plain JSON: when, at which commit and on what it ran, the tables as
+    printed (those that ran) and every value asv measured (``time_*``: seconds per
+    call)."""
+    known = set(result.get_all_result_keys())
+    machine_fields = ("machine", "cpu", "num_cpu", "arch", "os", "ram")
+    return {
+        "date": _utc(max(result.started_at.values())),
+        "commit": result.commit_hash,
+        "commit_date": _utc(result.date),
+        "machine": {name: result.params[name] for name in machine_fields if name in result.params},
+        # asv's "python" is the interpreter's path on the machine that ran it.
+        "environment": {
+            name: value
+            for name, value in result.params.items()
+            if name not in (*machine_fields, "python") and value
+        },
+        "tables": [
+            {
+                "title": title,
+                "benchmark": key,
+                "rows": [
+                    {"params": params, "value": value, "detail": detail, "verdict": note}
+                    for params, value, detail, note in table_rows(result, key, extra_key, verdict)
+                ],
+            }
+            for title, key, extra_key, verdict in TABLES
+            if key in known
+        ],
+        "benchmarks": {
+            key: [{"params": params, "value": value} for params, value in rows(result, key)]
+            for key in sorted(known)
+        },
+    }
+
+
 def main(argv: list[str]) -> int:
-    results_dir = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / ".asv" / "results"
-    path = newest_result(results_dir)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "results_dir", nargs="?", type=Path, default=Path(__file__).parent / ".asv" / "results"
+    )
+    parser.add_argument("--export", type=Path, help="also write the run as JSON here")
+    arguments = parser.parse_args(argv[1:])
+    path = newest_result(arguments.results_dir)
     result = Results.load(str(path))
     print(f"asv results: {path}")
     known = set(result.get_all_result_keys())
@@ -249,18 +320,13 @@ def main(argv: list[str]) -> int:
         if key not in known:
             print("(not run)")
             continue
-        extra = {}
-        if extra_key in known:
-            extra = {params_key(p): v for p, v in rows(result, extra_key)}
-        for params, value in rows(result, key):
+        for params, value, detail, note in table_rows(result, key, extra_key, verdict):
             label = " ".join(f"{name}={value}" for name, value in params.items())
-            detail = (
-                f"  ({extra[params_key(params)]:.1f} us/step)"
-                if key.endswith("l128") and params_key(params) in extra
-                else ""
-            )
-            note = verdict(params, value, extra) if verdict else ""
+            detail = f"  ({detail})" if detail else ""
             print(f"{label:<62} {value:8.2f}{detail}  {note}".rstrip())
+    if arguments.export:
+        arguments.export.write_text(json.dumps(snapshot(result), indent=1) + "\n")
+        print(f"\nwrote {arguments.export}")
     return 0
 
 

@@ -609,7 +609,7 @@ def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: torch.Tensor) -> t
 
 
 class TopH(LogitsProcessor):
-    """Top-H: among the ``candidates`` (100) most likely tokens, renormalized, keep the
+    """Top-H: among the ``considered`` (100) most likely tokens, renormalized, keep the
     likeliest ones while their cumulative entropy ``sum(-p log p)`` stays within
     ``top_h`` times the entropy of those candidates (the first is always kept).
 

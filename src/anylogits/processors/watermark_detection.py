@@ -77,8 +77,11 @@ def detect_watermark(
             wrong for models whose logits are padded beyond the tokenizer.
         tokenizer: a Hugging Face tokenizer or an anylogits :class:`Vocabulary`; encodes
             text (without special tokens) and supplies the defaults above.
-        greenlist_ratio, hashing_key, seeding_scheme, context_width: as given to
-            :class:`~anylogits.processors.watermark.Watermark` (``bias`` plays no part).
+        greenlist_ratio: as given to :class:`~anylogits.processors.watermark.Watermark`
+            (its ``bias`` plays no part in detection).
+        hashing_key: as given to ``Watermark``.
+        seeding_scheme: as given to ``Watermark``.
+        context_width: as given to ``Watermark``.
         ignore_repeated_ngrams: score each distinct n-gram (context + token) once, so
             that repeated text cannot inflate the score.
         z_threshold: the z-score above which ``prediction`` is ``True``.
