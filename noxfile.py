@@ -7,14 +7,16 @@ import hashlib
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix", "docs", "build"]
 
+ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CONSTRAINTS = ("-c", "constraints.txt")
 TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
@@ -177,7 +179,8 @@ def conformance(session: nox.Session, backend: str) -> None:
 
 @nox.session
 def matrix(session: nox.Session) -> None:
-    """The processor x backend support matrix, from the conformance sessions' records."""
+    """The processor x backend support matrix, from the conformance sessions' records:
+    the docs page, and the JSON the package ships for `anylogits list`."""
     session.install(*CONSTRAINTS, "-e", ".", "pytest")
     session.run(
         "python",
@@ -186,6 +189,7 @@ def matrix(session: nox.Session) -> None:
         "--strict",
         str(SUPPORT_RESULTS),
         "docs/support-matrix.md",
+        "src/anylogits/support_matrix.json",
     )
 
 
@@ -203,6 +207,53 @@ def docs(session: nox.Session) -> None:
         *session.posargs,
         env={"NO_MKDOCS_2_WARNING": "1"},  # mkdocs-material's banner about MkDocs 2.0
     )
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the sdist and, from it, the wheel; check them (twine, tools/check_dist.py);
+    install the wheel with the transformers extra into a fresh virtualenv outside the
+    checkout and run the command line from there."""
+    session.install("build", "twine")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run("python", "-m", "build", "--outdir", str(dist))
+    built = sorted(str(path) for path in dist.iterdir())
+    session.run("twine", "check", "--strict", *built)
+    session.run("python", "tools/check_dist.py", *built)
+    (wheel,) = dist.glob("*.whl")
+    with tempfile.TemporaryDirectory(prefix="anylogits-wheel-") as outside:
+        venv = Path(outside) / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        python, anylogits = str(venv / "bin" / "python"), str(venv / "bin" / "anylogits")
+        session.run(
+            python,
+            "-m",
+            "pip",
+            "install",
+            *CONSTRAINTS,
+            f"{wheel}[transformers]",
+            external=True,
+        )
+        # From outside the checkout, without PYTHONPATH: only the installed wheel imports.
+        session.chdir(outside)
+        env = {"PYTHONPATH": None}
+        session.run(python, "-c", INSTALLED_FROM_VENV, external=True, env=env)
+        session.run(anylogits, "--version", external=True, env=env)
+        session.run(anylogits, "list", "--backend", "transformers", external=True, env=env)
+        specs = Path(outside) / "specs.json"
+        specs.write_text('[{"type": "top_k", "top_k": 5}, {"type": "min_p", "min_p": 0.1}]')
+        session.run(anylogits, "check-spec", str(specs), external=True, env=env)
+        session.run(anylogits, "demo", external=True, env=env)
+        session.chdir(ROOT)
+
+
+# Run by the wheel's virtualenv: anylogits must come from its site-packages.
+INSTALLED_FROM_VENV = """
+import sys, anylogits
+assert anylogits.__file__.startswith(sys.prefix), anylogits.__file__
+print("anylogits imported from", anylogits.__file__)
+"""
 
 
 @nox.session

@@ -7,12 +7,15 @@ The processor is the test's ``name`` or ``case`` parameter unless the marker nam
 unless the marker names it (``backend=``). With ``ANYLOGITS_SUPPORT_DIR`` set, each
 pytest run writes its outcomes there as JSON, and
 
-    python -m conformance_tests.support_matrix DIR docs/support-matrix.md
+    python -m conformance_tests.support_matrix DIR docs/support-matrix.md \\
+        src/anylogits/support_matrix.json
 
-renders the table the way narwhals renders its completeness pages. A cell reads pass
-(with the levels that passed), known gap (an xfail's reason), fail, or not run (a skip's
-reason); a cell no test covers reads "no test yet" (``--strict`` fails instead). Every
-catalogue processor gets a row and every backend a column.
+renders the table the way narwhals renders its completeness pages, and writes the same
+matrix as the JSON the package ships (``anylogits list`` reads it there; see
+:mod:`anylogits.support`). A cell reads pass (with the levels that passed), known gap (an
+xfail's reason), fail, or not run (a skip's reason); a cell no test covers reads "no test
+yet" (``--strict`` fails instead). Every catalogue processor gets a row and every backend
+a column.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from typing import Any
 import pytest
 
 from anylogits.core.processor import LogitsProcessor
+from anylogits.support import LEVELS, cell_text
 from anylogits.testing.catalogue import catalogue_classes
 
-LEVELS = ("hook", "oracle", "generation")
 DIRECTORY_VARIABLE = "ANYLOGITS_SUPPORT_DIR"
 
 
@@ -115,27 +118,38 @@ class SupportRecorder:
         path.write_text(json.dumps(self.records, indent=1))
 
 
-def cell(records: list[dict[str, Any]]) -> str:
-    """One table cell from every record of one processor on one backend ("" if none)."""
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell (see :mod:`anylogits.support`) from every record of one processor on one
+    backend."""
     if not records:
-        return ""
-    failed = [r for r in records if r["outcome"] == "failed"]
+        return {"status": "no test yet", "levels": [], "notes": []}
+    failed = {r["level"] for r in records if r["outcome"] == "failed"}
     if failed:
-        return "fail: " + ", ".join(sorted({r["level"] for r in failed}))
+        return {"status": "fail", "levels": _in_order(failed), "notes": []}
     passed = {r["level"] for r in records if r["outcome"] == "passed"}
     gaps = sorted({r["reason"] for r in records if r["outcome"] == "xfailed"})
     if passed:
-        text = "pass (" + ", ".join(level for level in LEVELS if level in passed) + ")"
-        return text + ("; known gap: " + "; ".join(gaps) if gaps else "")
+        return {"status": "pass", "levels": _in_order(passed), "notes": gaps}
     if gaps:
-        return "known gap: " + "; ".join(gaps)
+        return {"status": "known gap", "levels": [], "notes": gaps}
     reasons = sorted({r["reason"] for r in records if r["reason"]})
-    return "not run: " + ("; ".join(reasons) or "skipped")
+    return {"status": "not run", "levels": [], "notes": reasons}
 
 
-def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) -> str:
-    """The markdown page. Cells without any test read "no test yet"; with ``strict``
-    they raise ``ValueError`` naming them instead."""
+def _in_order(levels: set[str]) -> list[str]:
+    return [level for level in LEVELS if level in levels]
+
+
+def cell(records: list[dict[str, Any]]) -> str:
+    """One table cell from every record of one processor on one backend ("" if none)."""
+    return cell_text(summarize(records)) if records else ""
+
+
+def build_matrix(
+    records: list[dict[str, Any]], backends: list[str], *, strict: bool
+) -> dict[str, Any]:
+    """The matrix (the JSON :mod:`anylogits.support` reads). Cells without any test read
+    "no test yet"; with ``strict`` they raise ``ValueError`` naming them instead."""
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_cell[record["processor"], record["backend"]].append(record)
@@ -148,6 +162,19 @@ def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) 
     ]
     if empty and strict:
         raise ValueError("support matrix cells without any test: " + ", ".join(empty))
+    processors = {
+        spec: {
+            "class": names[spec],
+            "support": {backend: summarize(by_cell[spec, backend]) for backend in backends},
+        }
+        for spec in sorted(names)
+    }
+    return {"levels": list(LEVELS), "backends": list(backends), "processors": processors}
+
+
+def render_markdown(matrix: dict[str, Any]) -> str:
+    """The markdown page of a matrix (:func:`build_matrix`)."""
+    backends = matrix["backends"]
     lines = [
         "# Support matrix",
         "",
@@ -161,10 +188,26 @@ def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) 
         "| processor | " + " | ".join(backends) + " |",
         "|---|" + "---|" * len(backends),
     ]
-    for spec in sorted(names, key=lambda s: names[s]):
-        cells = [cell(by_cell[spec, backend]) or "**no test yet**" for backend in backends]
-        lines.append(f"| `{names[spec]}` | " + " | ".join(cells) + " |")
+    rows = sorted(matrix["processors"].values(), key=lambda row: row["class"])
+    for row in rows:
+        cells = [_markdown_cell(row["support"][backend]) for backend in backends]
+        lines.append(f"| `{row['class']}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _markdown_cell(cell: dict[str, Any]) -> str:
+    text = cell_text(cell)
+    return f"**{text}**" if cell["status"] == "no test yet" else text
+
+
+def render(records: list[dict[str, Any]], backends: list[str], *, strict: bool) -> str:
+    """The markdown page of the records (see :func:`build_matrix`)."""
+    return render_markdown(build_matrix(records, backends, strict=strict))
+
+
+def render_json(matrix: dict[str, Any]) -> str:
+    """The packaged JSON of a matrix (:func:`build_matrix`)."""
+    return json.dumps(matrix, indent=1) + "\n"
 
 
 def main(arguments: list[str]) -> int:
@@ -172,14 +215,19 @@ def main(arguments: list[str]) -> int:
 
     strict = "--strict" in arguments
     arguments = [a for a in arguments if a != "--strict"]
-    if len(arguments) != 2:
-        print("usage: python -m conformance_tests.support_matrix [--strict] RESULTS_DIR OUT.md")
+    if len(arguments) != 3:
+        print(
+            "usage: python -m conformance_tests.support_matrix [--strict] RESULTS_DIR OUT.md "
+            "OUT.json"
+        )
         return 2
-    directory, out = Path(arguments[0]), Path(arguments[1])
+    directory, page, packaged = (Path(argument) for argument in arguments)
     records = [r for path in sorted(directory.glob("*.json")) for r in json.loads(path.read_text())]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(records, list(BACKENDS), strict=strict))
-    print(f"wrote {out} from {len(records)} records")
+    matrix = build_matrix(records, list(BACKENDS), strict=strict)
+    for out, text in ((page, render_markdown(matrix)), (packaged, render_json(matrix))):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out} from {len(records)} records")
     return 0
 
 

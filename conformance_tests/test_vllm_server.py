@@ -9,7 +9,10 @@ back as HTTP 400 and leave the server serving. The server
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,12 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.testing.engines import NEW_TOKENS, TransformersEngine  # noqa: E402
 from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
-from conformance_tests.vllm_server import MODEL_NAME, Server  # noqa: E402
+from conformance_tests.vllm_server import (  # noqa: E402
+    BAD_PAYLOADS,
+    MODEL_NAME,
+    SERVER_PLUGINS,
+    Server,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 
@@ -287,24 +295,6 @@ def test_out_of_vocabulary_id_ends_the_request_and_server_keeps_serving(
     assert "anylogits: processors" in log and str(too_large) in log, server.log_tail()
 
 
-BAD_PAYLOADS = {
-    "invalid_value": (
-        '[{"type": "top_k", "top_k": 0}]',
-        "extra_args['anylogits'][0]: top_k must be >= 1, got 0",
-    ),
-    "unknown_type": (
-        '[{"type": "no_such_processor"}]',
-        "extra_args['anylogits'][0]: spec field 'type' is 'no_such_processor'",
-    ),
-    "unknown_field": (
-        '[{"type": "top_k", "top_k": 3, "colour": "red"}]',
-        "extra_args['anylogits'][0]: spec for 'top_k' has unknown field(s) ['colour']",
-    ),
-    "not_json": ("[{not json", "extra_args['anylogits'] is a string but not valid JSON"),
-    "not_a_list": ("42", "extra_args['anylogits'] must be a list"),
-}
-
-
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 @pytest.mark.parametrize("payload", sorted(BAD_PAYLOADS))
 def test_bad_payload_is_400_and_server_keeps_serving(
@@ -334,6 +324,30 @@ def test_bad_payload_is_400_and_server_keeps_serving(
     assert expected in error.body.get("message", ""), error.body
     server.check_alive()
     assert complete(client, server, counting) == plain
+
+
+@pytest.mark.parametrize("payload", sorted(BAD_PAYLOADS))
+def test_check_spec_answers_what_the_server_answers(payload: str, client: Any) -> None:
+    """`anylogits check-spec`, run with the server's plugin list, prints the server's
+    HTTP 400 message word for word."""
+    text = BAD_PAYLOADS[payload][0]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt="1 2 3",
+            max_tokens=4,
+            extra_body={"vllm_xargs": {"anylogits": text}},
+        )
+    checked = subprocess.run(
+        [sys.executable, "-m", "anylogits", "check-spec", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **SERVER_PLUGINS},
+        check=False,
+    )
+    assert checked.returncode == 1, checked
+    assert checked.stderr.splitlines()[1:] == raised.value.body["message"].splitlines(), checked
 
 
 def test_server_log_has_no_traceback(

@@ -1,4 +1,4 @@
-"""The anylogits command: demo (the main job) and tiny-model."""
+"""The anylogits command: demo (the main job), list, check-spec and tiny-model."""
 
 from __future__ import annotations
 
@@ -7,8 +7,46 @@ import sys
 from collections.abc import Sequence
 
 
+def _version() -> str:
+    import torch
+
+    import anylogits
+
+    return f"anylogits {anylogits.__version__} (torch {torch.__version__})"
+
+
+def _add_list(commands: argparse._SubParsersAction) -> None:
+    listing = commands.add_parser(
+        "list",
+        help="the processor types a spec can name: parameters with defaults, and which "
+        "backends pass which conformance level",
+        description="Every processor type a spec can name (plugins included), its "
+        "parameters with their defaults, and which backends pass which conformance level "
+        "(the support matrix shipped with this version).",
+    )
+    listing.add_argument("--json", action="store_true", help="print JSON instead of text")
+    listing.add_argument("--backend", help="show the support of this backend only")
+
+
+def _add_check_spec(commands: argparse._SubParsersAction) -> None:
+    from anylogits.core.limits import ENVIRONMENT_VARIABLE as LIMITS_VARIABLE
+    from anylogits.core.plugins import PLUGINS_VARIABLE
+
+    check = commands.add_parser(
+        "check-spec",
+        help="check a request's processor specs as a vLLM server does (same messages)",
+        description="Check processor specs as a vLLM server's frontend checks a request "
+        "(same code, same messages): FILE (or - for stdin) holds the specs' JSON (a list "
+        "of specs or one spec), or a JSON object with them under vllm_xargs or extra_args. "
+        f"Exit 0: admitted (prints what it builds); 1: refused (prints the server's HTTP "
+        f"400 message). Run it with the server's {LIMITS_VARIABLE} and {PLUGINS_VARIABLE}.",
+    )
+    check.add_argument("file", metavar="FILE", help="a JSON file, or - to read stdin")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="anylogits", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
@@ -23,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="build (or find in the cache) the tiny random-weight model; see --help",
         add_help=False,
     )
+    _add_list(commands)
+    _add_check_spec(commands)
     args, rest = parser.parse_known_args(argv)
     if args.command == "tiny-model":
         from anylogits.testing.tiny_model import main as tiny_model_main
@@ -30,6 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tiny_model_main(rest, prog="anylogits tiny-model")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "list":
+        from anylogits.catalogue_listing import run_list
+
+        return run_list(backend=args.backend, as_json=args.json)
+    if args.command == "check-spec":
+        from anylogits.spec_check import run_check_spec
+
+        return run_check_spec(args.file)
     from anylogits.demo import run_demo
 
     return run_demo(backend=args.backend, prompt=args.prompt, max_new_tokens=args.max_new_tokens)

@@ -35,13 +35,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
-from anylogits.adapters.transformers_processors import SPEC_NAME as LIVE_OBJECT_SPEC
 from anylogits.adapters.vllm_requests import (
     SPEC_FIELD,
     SPEC_KEY,
     VllmRequests,
     processor_specs,
     request_specs,
+    validate_request,
 )
 from anylogits.core.limits import limits
 from anylogits.core.plugins import load_plugins
@@ -112,20 +112,7 @@ def _start_engine(vllm_config: VllmConfig) -> VllmRequests:
 
 
 def _validate(sampling_params: SamplingParams) -> None:
-    """vLLM turns a ``ValueError`` here into HTTP 400 and anything else into a 500, so
-    whatever a client sent fails as a ``ValueError``."""
-    try:
-        specs = request_specs(sampling_params.extra_args) or []
-    except ValueError:
-        raise
-    except Exception as error:
-        raise ValueError(f"{SPEC_FIELD} is not usable: {error!r}") from None
-    if not _ENGINES_HERE and any(spec["type"] == LIVE_OBJECT_SPEC for spec in specs):
-        raise ValueError(
-            f"{SPEC_FIELD} holds from_transformers objects, which exist in this process only, "
-            "but vLLM's engine runs in another one: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-            "before creating the LLM, or write the processor as an anylogits processor"
-        )
+    validate_request(sampling_params.extra_args, engine_in_this_process=_ENGINES_HERE > 0)
 
 
 class AnyLogitsV1Runner(V1LogitsProcessor):

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from anylogits.adapters.transformers_processors import SPEC_NAME as LIVE_OBJECT_SPEC
 from anylogits.core.pipeline import flatten
 from anylogits.core.slots import SlotBatch
 from anylogits.core.specs import parse_specs, to_specs
@@ -37,6 +38,37 @@ def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | N
     if not extra_args or SPEC_KEY not in extra_args:
         return None
     return parse_specs(extra_args[SPEC_KEY], SPEC_FIELD) or None
+
+
+def validate_request(
+    extra_args: dict[str, Any] | None, *, engine_in_this_process: bool
+) -> list[dict[str, Any]]:
+    """What vLLM's frontend checks of one request before admitting it (every
+    ``validate_params`` of :mod:`anylogits.adapters.vllm`, and ``anylogits check-spec``):
+    the checked specs (``[]`` when there are none), or a ``ValueError`` whose text is the
+    message of the server's HTTP 400.
+
+    Args:
+        extra_args: the request's ``SamplingParams.extra_args`` (a server request's
+            ``vllm_xargs``).
+        engine_in_this_process: whether a vLLM engine runs in this process; only then
+            can ``from_transformers`` objects, which exist in this process alone, run.
+    """
+    # vLLM turns a ValueError into HTTP 400 and anything else into a 500, so whatever a
+    # client sent fails as a ValueError.
+    try:
+        specs = request_specs(extra_args) or []
+    except ValueError:
+        raise
+    except Exception as error:
+        raise ValueError(f"{SPEC_FIELD} is not usable: {error!r}") from None
+    if not engine_in_this_process and any(spec["type"] == LIVE_OBJECT_SPEC for spec in specs):
+        raise ValueError(
+            f"{SPEC_FIELD} holds from_transformers objects, which exist in this process only, "
+            "but vLLM's engine runs in another one: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+            "before creating the LLM, or write the processor as an anylogits processor"
+        )
+    return specs
 
 
 def processor_specs(*processors: Any) -> list[dict[str, Any]]:

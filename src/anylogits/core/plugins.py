@@ -92,7 +92,8 @@ def available_entry_points() -> dict[str, list[EntryPoint]]:
         return _entry_points
 
 
-def _origin(entry_point: EntryPoint) -> str:
+def entry_point_origin(entry_point: EntryPoint) -> str:
+    """The entry point and the distribution declaring it, for messages and listings."""
     distribution = getattr(entry_point, "dist", None)
     where = (
         f"distribution {distribution.name} {distribution.version}"
@@ -116,7 +117,7 @@ def load_entry_point(name: str) -> None:
         declared = available_entry_points()[name]
         problem = None
         if len(declared) > 1:
-            origins = "; ".join(_origin(entry_point) for entry_point in declared)
+            origins = "; ".join(entry_point_origin(entry_point) for entry_point in declared)
             problem = f"anylogits plugin type {name!r} is declared more than once: {origins}"
         else:
             entry_point = declared[0]
@@ -125,31 +126,31 @@ def load_entry_point(name: str) -> None:
             except Exception as error:  # any failure of user code is a plugin error
                 loaded = None
                 problem = (
-                    f"anylogits plugin {_origin(entry_point)} failed to load: "
+                    f"anylogits plugin {entry_point_origin(entry_point)} failed to load: "
                     f"{type(error).__name__}: {error}"
                 )
             if problem is None:
                 if not (isinstance(loaded, type) and issubclass(loaded, LogitsProcessor)):
                     problem = (
-                        f"anylogits plugin {_origin(entry_point)} is {loaded!r}, not a "
+                        f"anylogits plugin {entry_point_origin(entry_point)} is {loaded!r}, not a "
                         "subclass of anylogits.LogitsProcessor"
                     )
                 elif loaded.spec_name != name:
                     problem = (
-                        f"anylogits plugin {_origin(entry_point)} loads "
+                        f"anylogits plugin {entry_point_origin(entry_point)} loads "
                         f"{loaded.__qualname__}, whose spec_name is {loaded.spec_name!r}; "
                         "the entry point's key must equal the class's spec_name"
                     )
                 elif specs.registered_type(name) is not loaded:
                     problem = (
-                        f"anylogits plugin {_origin(entry_point)} loads "
+                        f"anylogits plugin {entry_point_origin(entry_point)} loads "
                         f"{loaded.__qualname__}, but spec_name {name!r} is registered to "
                         f"{specs.registered_type(name)!r}"
                     )
         if problem is not None:
             _failed_entry_points[name] = problem
             raise ValueError(problem)
-        _loaded_entry_points[name] = _origin(declared[0])
+        _loaded_entry_points[name] = entry_point_origin(declared[0])
 
 
 def find_plugin_type(name: str) -> bool:

@@ -1,0 +1,125 @@
+"""`anylogits list` and `anylogits --version`, and the support matrix the package ships."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conformance_tests.support_matrix import render_markdown
+from test_plugins import install_distribution
+
+import anylogits
+from anylogits.catalogue_listing import NOT_IN_MATRIX, catalogue_entries
+from anylogits.core.specs import constructor_parameters, registered_processors
+from anylogits.support import packaged_support_matrix
+from anylogits.testing.catalogue import catalogue_classes
+
+ROOT = Path(__file__).parents[1]
+MATRIX_PAGE = ROOT / "docs" / "support-matrix.md"
+
+
+def run_cli(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "anylogits", *arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def page_cells() -> dict[str, dict[str, str]]:
+    """Class name -> backend -> cell text, read from docs/support-matrix.md's table."""
+    rows = [line for line in MATRIX_PAGE.read_text().splitlines() if line.startswith("|")]
+    backends = [name.strip() for name in rows[0].strip("|").split("|")][1:]
+    cells = {}
+    for row in rows[2:]:
+        name, *texts = (text.strip() for text in row.strip("|").split("|"))
+        cells[name.strip("`")] = dict(zip(backends, texts, strict=True))
+    return cells
+
+
+def test_the_packaged_matrix_is_the_docs_page() -> None:
+    """Both come from the same records (`nox -s matrix` writes both): a page edited or
+    regenerated without the JSON fails here."""
+    assert render_markdown(packaged_support_matrix()) == MATRIX_PAGE.read_text()
+
+
+def test_list_json_names_every_registered_type_with_the_page_s_cells() -> None:
+    result = run_cli("list", "--json")
+    assert result.returncode == 0, result.stderr
+    entries = {entry["spec_name"]: entry for entry in json.loads(result.stdout)}
+    assert set(entries) >= set(catalogue_classes())
+    cells = page_cells()
+    assert {entry["class"] for entry in entries.values() if entry["support"]} == set(cells)
+    for entry in entries.values():
+        if entry["support"] is not None:
+            texts = {backend: cell["text"] for backend, cell in entry["support"].items()}
+            assert texts == cells[entry["class"]], entry["spec_name"]
+            for cell in entry["support"].values():
+                if cell["status"] == "pass":
+                    assert cell["text"] == f"pass ({', '.join(cell['levels'])})"
+
+
+def test_entries_are_the_registry_with_constructor_defaults() -> None:
+    entries = {entry["spec_name"]: entry for entry in catalogue_entries()}
+    assert set(entries) == set(registered_processors())
+    for name, cls in registered_processors().items():
+        parameters = constructor_parameters(cls)
+        assert [p["name"] for p in entries[name]["parameters"]] == list(parameters)
+        for listed in entries[name]["parameters"]:
+            default = parameters[listed["name"]].default
+            assert listed["required"] == (default is parameters[listed["name"]].empty)
+            if not listed["required"]:
+                assert listed["default"] == default
+
+
+def test_list_text_shows_parameters_defaults_and_levels() -> None:
+    result = run_cli("list", "--backend", "vllm")
+    assert result.returncode == 0, result.stderr
+    block = result.stdout.split("\n\n")
+    top_k = next(text for text in block if text.startswith("top_k "))
+    assert "(TopK, anylogits.processors.truncation)" in top_k
+    assert "top_k (required), min_tokens_to_keep=1" in top_k
+    assert re.search(r"^  vllm +" + re.escape(page_cells()["TopK"]["vllm"]) + "$", top_k, re.M)
+    assert "transformers " not in top_k
+
+
+def test_list_refuses_a_backend_outside_the_matrix() -> None:
+    result = run_cli("list", "--backend", "onnx")
+    assert result.returncode == 1
+    assert "backend 'onnx' is not in the support matrix" in result.stderr
+    assert "'vllm'" in result.stderr
+
+
+@pytest.mark.parametrize("how", ["module", "entry point"])
+def test_plugin_types_are_listed_as_not_in_the_matrix(how: str, tmp_path: Path) -> None:
+    env = {**os.environ}
+    env.pop("ANYLOGITS_PLUGINS", None)
+    if how == "module":
+        env["ANYLOGITS_PLUGINS"] = "anylogits.testing.probes"
+        name, origin = "testing.reverse_ranks", "anylogits.testing.probes"
+    else:
+        install_distribution(tmp_path, {"demo_bias": "anylogits_demo_plugin:DemoBias"})
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+        name, origin = "demo_bias", "(distribution anylogits-demo-plugin 0.1)"
+    listed = run_cli("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    entry = next(entry for entry in json.loads(listed.stdout) if entry["spec_name"] == name)
+    assert entry["support"] is None
+    assert origin in entry["origin"]
+    text = run_cli("list", env=env).stdout
+    block = next(block for block in text.split("\n\n") if block.startswith(f"{name} "))
+    assert f"support: {NOT_IN_MATRIX}" in block
+
+
+def test_version_names_anylogits_and_torch() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"anylogits {anylogits.__version__} (torch {torch.__version__})"
