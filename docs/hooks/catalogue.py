@@ -50,10 +50,12 @@ def builtin_processors() -> dict[str, type[LogitsProcessor]]:
     }
 
 
-def first_paragraph(cls: type) -> str:
-    """The docstring's first paragraph on one line, reST roles as code."""
-    text = (inspect.getdoc(cls) or "").split("\n\n", 1)[0]
-    return ROLE.sub(lambda match: f"`{match[1]}`", " ".join(text.split()))
+def first_paragraph(cls: type[LogitsProcessor]) -> str:
+    """The docstring's first paragraph on one line (as ``anylogits list`` shows it), reST
+    roles as code."""
+    from anylogits.catalogue_listing import docstring_summary
+
+    return ROLE.sub(lambda match: f"`{match[1]}`", docstring_summary(cls))
 
 
 def parameter_rows(cls: type[LogitsProcessor]) -> list[str]:

@@ -17,7 +17,7 @@ from anylogits.support import LEVEL_MEANINGS, cell_text, packaged_support_matrix
 NOT_IN_MATRIX = "not in the matrix"
 
 
-def _summary(cls: type[LogitsProcessor]) -> str:
+def docstring_summary(cls: type[LogitsProcessor]) -> str:
     """The first paragraph of the class's docstring, on one line."""
     paragraph = (inspect.getdoc(cls) or "").split("\n\n", 1)[0]
     return " ".join(paragraph.split())
@@ -70,7 +70,7 @@ def catalogue_entries(backend: str | None = None) -> list[dict[str, Any]]:
                 "spec_name": spec_name,
                 "class": cls.__name__,
                 "origin": _origin(spec_name, cls),
-                "summary": _summary(cls),
+                "summary": docstring_summary(cls),
                 "parameters": [
                     _parameter(name, parameter)
                     for name, parameter in constructor_parameters(cls).items()
