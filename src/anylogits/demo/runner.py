@@ -45,6 +45,8 @@ def run_demo(
         print(f"anylogits demo: {error}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # steadier timings; llama.cpp runs on one thread too
+    # transformers' bar for loading weights would break the demo's own progress line.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     model_dir = _tiny_model()
     with tempfile.TemporaryDirectory(prefix="anylogits-demo-") as scratch:
         with step(_LOADING[REFERENCE]):
