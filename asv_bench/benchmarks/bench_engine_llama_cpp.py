@@ -9,7 +9,7 @@ temperature and penalty switched off (``top_k=0``, ``top_p=1.0``, ``min_p=0.0``,
 llama.cpp only draws from our logits. Native: the same job as ``Llama.generate``
 parameters. Runs of both sides are interleaved in one process.
 
-Jobs: ``chain`` (:data:`common.CHAIN_NATIVE`) and ``repetition`` (RepetitionPenalty 1.3
+Jobs: ``chain`` (:data:`anylogits.testing.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
 alone against llama.cpp's ``repeat_penalty=1.3``, no truncation on either side).
 llama.cpp penalizes the last 64 tokens (``last_n_tokens_size``), ours the whole history:
 at 64 new tokens after a short prompt that is about the same set.
@@ -20,11 +20,12 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
+from anylogits.testing.native import CHAIN, chain_processors, llama_cpp_parameters
+
 from . import common
 
 NEW_TOKENS = 64
 PROMPT = "Once upon a time, in a land far away, there lived"
-OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "temp": 1.0}
 
 
 def _load() -> Any:
@@ -48,21 +49,13 @@ def _jobs() -> dict[str, tuple[Any, dict[str, Any]]]:
     """Per job: (the anylogits processors, factory; llama.cpp's parameters)."""
     from anylogits import RepetitionPenalty
 
-    native = common.CHAIN_NATIVE
-    penalty = native["repetition_penalty"]
+    penalty = CHAIN["repetition_penalty"]
     return {
-        "chain": (
-            common.chain_processors,
-            {
-                "repeat_penalty": penalty,
-                "top_k": native["top_k"],
-                "top_p": native["top_p"],
-                "min_p": native["min_p"],
-                "typical_p": 1.0,
-                "temp": native["temperature"],
-            },
+        "chain": (chain_processors, llama_cpp_parameters(CHAIN, sample=True)),
+        "repetition": (
+            lambda: [RepetitionPenalty(penalty)],
+            llama_cpp_parameters({"repetition_penalty": penalty}, sample=True),
         ),
-        "repetition": (lambda: [RepetitionPenalty(penalty)], {**OFF, "repeat_penalty": penalty}),
     }
 
 
@@ -79,7 +72,7 @@ class EngineVsNativeLlamaCpp:
         self.llm = _load()
         self.prompt = self.llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
         processors, native = _jobs()[job]
-        ours = {**OFF, "repeat_penalty": 1.0}
+        ours = llama_cpp_parameters({}, sample=True)  # llama.cpp's sampling switched off
 
         def run_ours(hook: Any) -> None:
             self._generate(logits_processor=hook, **ours)

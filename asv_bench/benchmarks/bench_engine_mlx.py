@@ -9,7 +9,7 @@ Ours: ``for_mlx(*processors)`` as ``logits_processors`` and ``make_sampler(temp=
 ``make_logits_processors`` and ``make_sampler`` with the job's parameters. Runs of both
 sides are interleaved in one process, torch on one thread.
 
-Jobs: ``chain`` (:data:`common.CHAIN_NATIVE`) and ``repetition`` (RepetitionPenalty 1.3
+Jobs: ``chain`` (:data:`anylogits.testing.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
 alone against ``make_logits_processors(repetition_penalty=1.3)``, both sampled at
 temperature 1.0 without truncation). mlx-lm's penalty looks at the last 20 tokens
 (its default ``repetition_context_size``), ours at the whole history, as the job is
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from itertools import islice
 from typing import Any
+
+from anylogits.testing.native import CHAIN, chain_processors, mlx_parameters
 
 from . import common
 from .backends import require_backend
@@ -33,23 +35,12 @@ def _jobs() -> dict[str, tuple[Any, dict[str, Any], dict[str, Any]]]:
     parameters; mlx-lm's sampler parameters)."""
     from anylogits import RepetitionPenalty
 
-    native = common.CHAIN_NATIVE
-    penalty = {"repetition_penalty": native["repetition_penalty"]}
+    penalty = CHAIN["repetition_penalty"]
     return {
-        "chain": (
-            common.chain_processors,
-            penalty,
-            {
-                "temp": native["temperature"],
-                "top_p": native["top_p"],
-                "min_p": native["min_p"],
-                "top_k": native["top_k"],
-            },
-        ),
+        "chain": (chain_processors, *mlx_parameters(CHAIN, sample=True)),
         "repetition": (
-            lambda: [RepetitionPenalty(native["repetition_penalty"])],
-            penalty,
-            {"temp": 1.0},
+            lambda: [RepetitionPenalty(penalty)],
+            *mlx_parameters({"repetition_penalty": penalty}, sample=True),
         ),
     }
 
@@ -73,7 +64,7 @@ class EngineVsNativeMlx:
         self.model, tokenizer = mlx_lm.load(str(build_tiny_model()))
         self.prompt = mx.array(tokenizer.encode(PROMPT))
         processors, native_processors, native_sampler = _jobs()[job]
-        plain_sampler = make_sampler(temp=1.0)
+        plain_sampler = make_sampler(**mlx_parameters({}, sample=True)[1])
         sampler = make_sampler(**native_sampler)
 
         def run_ours(hooks: Any) -> None:

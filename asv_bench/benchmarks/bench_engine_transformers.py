@@ -5,8 +5,8 @@ The tiny model (random weights, the real 128k llama-bpe vocabulary) samples
 :data:`NEW_TOKENS` tokens from one prompt (and from a batch of :data:`BATCH` prompts),
 EOS switched off so every call makes the same number of tokens. Ours:
 ``for_transformers(*processors)`` with ``do_sample=True`` and transformers' own warpers
-off (``top_k=0, top_p=1.0, temperature=1.0``). Native: ``do_sample=True`` with the
-job's parameters. Jobs: "chain" (:data:`common.CHAIN_NATIVE`) and "repetition"
+off (``top_k=None, top_p=1.0, temperature=1.0``). Native: ``do_sample=True`` with the
+job's parameters. Jobs: "chain" (:data:`anylogits.testing.native.CHAIN`) and "repetition"
 (``RepetitionPenalty(1.3)`` against ``repetition_penalty=1.3``). Both sides run in the
 same process, interleaved, one torch thread; the best of :data:`ROUNDS` calls counts.
 """
@@ -18,24 +18,24 @@ from typing import Any
 
 import torch
 
-from . import common
+from anylogits.testing.native import CHAIN, chain_processors, transformers_parameters
 
 NEW_TOKENS = 32
 BATCH = 8
 ROUNDS = 5
-WARPERS_OFF = {"top_k": 0, "top_p": 1.0, "temperature": 1.0}
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 
 
-def _jobs() -> dict[str, tuple[list[Any], dict[str, float]]]:
+def _jobs() -> dict[str, tuple[list[Any], dict[str, Any]]]:
     """Each job: (anylogits processors, transformers' native parameters)."""
     from anylogits import RepetitionPenalty
 
+    penalty = CHAIN["repetition_penalty"]
     return {
-        "chain": (common.chain_processors(), dict(common.CHAIN_NATIVE)),
+        "chain": (chain_processors(), transformers_parameters(CHAIN, sample=True)),
         "repetition": (
-            [RepetitionPenalty(common.CHAIN_NATIVE["repetition_penalty"])],
-            {**WARPERS_OFF, "repetition_penalty": common.CHAIN_NATIVE["repetition_penalty"]},
+            [RepetitionPenalty(penalty)],
+            transformers_parameters({"repetition_penalty": penalty}, sample=True),
         ),
     }
 
@@ -76,7 +76,8 @@ class EngineVsNativeTransformers:
 
         def ours() -> None:
             hook.reset()
-            self._generate(prompt, transformers.LogitsProcessorList([hook]), WARPERS_OFF)
+            hooks = transformers.LogitsProcessorList([hook])
+            self._generate(prompt, hooks, transformers_parameters({}, sample=True))
 
         def theirs() -> None:
             self._generate(prompt, None, native)
@@ -91,7 +92,7 @@ class EngineVsNativeTransformers:
                 best[index] = min(best[index], (time.perf_counter() - start) / NEW_TOKENS)
         return best[0], best[1]
 
-    def _generate(self, prompt: torch.Tensor, hooks: Any, options: dict[str, float]) -> None:
+    def _generate(self, prompt: torch.Tensor, hooks: Any, options: dict[str, Any]) -> None:
         torch.manual_seed(0)
         with torch.no_grad():
             output = self.model.generate(
@@ -99,7 +100,6 @@ class EngineVsNativeTransformers:
                 attention_mask=torch.ones_like(prompt),
                 pad_token_id=self.tokenizer.eos_token_id,
                 max_new_tokens=NEW_TOKENS,
-                do_sample=True,
                 logits_processor=hooks,
                 **options,
             )

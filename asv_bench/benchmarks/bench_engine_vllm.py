@@ -5,8 +5,9 @@ The tiny model (random weights, llama-bpe 128k vocabulary) in vLLM's offline ``L
 model runner in this process, float32, 32 requests x 64 tokens submitted in one
 ``generate`` call (all 32 rows in one batch). Jobs:
 
-- ``chain``: :func:`common.chain_processors` as per-request specs, vLLM sampling at
-  temperature 1.0 with no truncation of its own, vs ``SamplingParams(**CHAIN_NATIVE)``;
+- ``chain``: :func:`anylogits.testing.native.chain_processors` as per-request specs, vLLM
+  sampling at temperature 1.0 with no truncation of its own, vs ``SamplingParams`` with
+  :data:`~anylogits.testing.native.CHAIN`'s parameters;
 - ``repetition``: ``RepetitionPenalty(1.3)`` vs ``repetition_penalty=1.3``;
 - ``json``: our ``JSONSchema`` vs vLLM's ``structured_outputs`` (llguidance, as the
   conformance suite's engine), the same MaskBench schema as ``bench_structured``, both
@@ -32,9 +33,10 @@ from typing import Any
 
 import torch
 
+from anylogits.testing.native import CHAIN, chain_processors, vllm_parameters
+
 from .backends import require_backend
 from .bench_structured import SCHEMA_FILE
-from .common import CHAIN_NATIVE, chain_processors
 
 JOBS = ["chain", "repetition", "json"]
 REQUESTS = 32
@@ -99,15 +101,14 @@ def _job_params(job: str) -> tuple[list[Any], list[Any], list[Any]]:
         )
     budget = {"max_tokens": NEW_TOKENS, "ignore_eos": True}
     if job == "chain":
-        ours = chain_processors()
-        native = dict(CHAIN_NATIVE)
+        ours, native = chain_processors(), CHAIN
     else:
-        ours = [RepetitionPenalty(CHAIN_NATIVE["repetition_penalty"])]
-        native = {"repetition_penalty": CHAIN_NATIVE["repetition_penalty"]}
+        native = {"repetition_penalty": CHAIN["repetition_penalty"]}
+        ours = [RepetitionPenalty(native["repetition_penalty"])]
     return (
-        [for_vllm(*ours, temperature=1.0, **budget)] * REQUESTS,
-        [SamplingParams(**native, **budget)] * REQUESTS,
-        [SamplingParams(temperature=1.0, **budget)] * REQUESTS,
+        [for_vllm(*ours, **vllm_parameters({}, sample=True), **budget)] * REQUESTS,
+        [SamplingParams(**vllm_parameters(native, sample=True), **budget)] * REQUESTS,
+        [SamplingParams(**vllm_parameters({}, sample=True), **budget)] * REQUESTS,
     )
 
 

@@ -1,7 +1,7 @@
 """Issue 17: the sampling chain against its floor, and TopP against transformers.
 
-``PipelineChain``: :func:`~.common.chain_processors` (RepetitionPenalty, TopK 50, TopP
-0.9, MinP 0.05, Temperature) through a :class:`~anylogits.Pipeline`, over the least
+``PipelineChain``: :func:`anylogits.testing.native.chain_processors` (RepetitionPenalty,
+TopK 50, TopP 0.9, MinP 0.05, Temperature) through a :class:`~anylogits.Pipeline`, over the least
 work any implementation of that job must do, measured in the same run: the repetition
 penalty, one ``torch.topk(x, 50)`` and one write of the survivors into the row. Target:
 <= 1.5.
@@ -16,9 +16,10 @@ import torch
 
 from anylogits import Pipeline, TopP
 from anylogits.core.batch import Batch
+from anylogits.testing.native import chain_processors
 
 from .backends import require_backend
-from .common import VOCAB_SIZES, best_times, chain_processors, history, peaked_logits
+from .common import VOCAB_SIZES, best_times, history, peaked_logits
 
 HISTORY = 512
 

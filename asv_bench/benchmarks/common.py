@@ -58,28 +58,3 @@ def best_times(
                 call(argument)
             best[index] = min(best[index], (time.perf_counter() - start) / number)
     return best
-
-
-# Issue 17's end-to-end job: the same sampling job through anylogits processors and
-# through each engine's own parameters. Engines apply their native parameters in their own
-# order; ours run in this order, and the engine then samples from our logits as they are.
-CHAIN_NATIVE = {
-    "repetition_penalty": 1.3,
-    "top_k": 50,
-    "top_p": 0.9,
-    "min_p": 0.05,
-    "temperature": 0.8,
-}
-
-
-def chain_processors() -> list[Any]:
-    """The anylogits processors for :data:`CHAIN_NATIVE`, fresh objects each call."""
-    from anylogits import MinP, RepetitionPenalty, Temperature, TopK, TopP
-
-    return [
-        RepetitionPenalty(CHAIN_NATIVE["repetition_penalty"]),
-        TopK(CHAIN_NATIVE["top_k"]),
-        TopP(CHAIN_NATIVE["top_p"]),
-        MinP(CHAIN_NATIVE["min_p"]),
-        Temperature(CHAIN_NATIVE["temperature"]),
-    ]

@@ -50,10 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
-        help="run the same processors through a backend on the tiny model and print "
-        "tokens, agreement with the backend's own processors, and per-token overhead",
+        help="run the same processors in every installed engine on the tiny model and "
+        "print one table: tokens against transformers' own processors, and the cost per "
+        "token against each engine's own parameters",
     )
-    demo.add_argument("--backend", choices=["transformers"], default="transformers")
+    demo.add_argument(
+        "--backend",
+        choices=["transformers", "llama_cpp", "mlx", "vllm", "all"],
+        default=None,
+        help="one engine, or all (the default): every installed one",
+    )
     demo.add_argument("--prompt", default="1 2 3 4 5 6 7 8 9 10 11 12")
     demo.add_argument("--max-new-tokens", type=int, default=24)
     commands.add_parser(

@@ -12,7 +12,7 @@ engine is built, never by this module.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -20,6 +20,14 @@ import torch
 
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary
+from anylogits.testing.native import (
+    Job,
+    llama_cpp_parameters,
+    mlx_parameters,
+    samples,
+    transformers_parameters,
+    vllm_parameters,
+)
 
 NEW_TOKENS = 16  # greedy tokens generated unless told otherwise
 
@@ -55,6 +63,19 @@ class GenerationEngine(Protocol):
     ) -> list[int]:
         """Greedy new token ids under ``processors`` (fresh instances: processors hold bound
         state), up to and including the first EOS, at most ``n``."""
+        ...
+
+    def sampled(
+        self, prompt: list[int], processors: Sequence[LogitsProcessor], n: int, seed: int
+    ) -> list[int]:
+        """New token ids sampled with ``seed`` from the logits ``processors`` leave (the
+        engine's own sampling at temperature 1, no truncation), as :meth:`greedy` cuts them."""
+        ...
+
+    def native(self, prompt: list[int], job: Job, n: int, seed: int = 0) -> list[int]:
+        """New token ids of ``job`` (:mod:`anylogits.testing.native`) done by the engine's
+        own parameters, greedy, or sampled with ``seed`` when the job samples; raises
+        ``NoNative`` when the engine has no parameter for one of its arguments."""
         ...
 
     def structured(
@@ -106,16 +127,29 @@ class TransformersEngine:
     def native_greedy(self, prompt: list[int], hooks: Any, n: int = NEW_TOKENS) -> list[int]:
         """``generate``'s greedy new tokens with ``hooks``, a ``LogitsProcessorList`` (of
         transformers' own processors, or anylogits' hook)."""
+        return self.run(prompt, hooks, n, **transformers_parameters({}, sample=False))
+
+    def sampled(
+        self, prompt: list[int], processors: Sequence[LogitsProcessor], n: int, seed: int
+    ) -> list[int]:
+        torch.manual_seed(seed)
+        options = transformers_parameters({}, sample=True)
+        return self.run(prompt, self.hooks(processors), n, **options)
+
+    def native(self, prompt: list[int], job: Job, n: int, seed: int = 0) -> list[int]:
+        torch.manual_seed(seed)
+        return self.run(prompt, None, n, **transformers_parameters(job, samples(job)))
+
+    def run(self, prompt: list[int], hooks: Any, n: int, **options: Any) -> list[int]:
+        """``generate``'s new tokens of one prompt with ``hooks`` (a
+        ``LogitsProcessorList`` or ``None``) and ``options`` (generation arguments)."""
         output = self.model.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=n,
-            do_sample=False,
-            top_k=None,
-            top_p=1.0,
-            temperature=1.0,
             logits_processor=hooks,
             pad_token_id=self.tokenizer.eos_token_id,
+            **options,
         )
         return output[0, len(prompt) :].tolist()
 
@@ -228,6 +262,18 @@ class LlamaCppEngine:
     ) -> list[int]:
         return self.generate(prompt, self.hook(*processors) if processors else None, n)
 
+    def sampled(
+        self, prompt: list[int], processors: Sequence[LogitsProcessor], n: int, seed: int
+    ) -> list[int]:
+        self.llm.set_seed(seed)
+        hook = self.hook(*processors) if processors else None
+        return self.generate(prompt, hook, n, **llama_cpp_parameters({}, sample=True))
+
+    def native(self, prompt: list[int], job: Job, n: int, seed: int = 0) -> list[int]:
+        options = llama_cpp_parameters(job, samples(job))
+        self.llm.set_seed(seed)
+        return self.generate(prompt, None, n, **options)
+
     def structured(
         self, processor: LogitsProcessor, prompts: list[str], sample: bool, n: int, seed: int
     ) -> list[Generated]:
@@ -271,28 +317,55 @@ class MlxEngine:
 
     @staticmethod
     def steps(
-        model: Any, prompt: list[int], hooks: Any = None, n: int = NEW_TOKENS, sampler: Any = None
+        model: Any,
+        prompt: list[int],
+        hooks: Any = None,
+        n: int = NEW_TOKENS,
+        sampler: Any = None,
+        stop: Collection[int] = (),
     ) -> list[int]:
-        """``n`` tokens of ``generate_step`` on ``model`` (greedy unless ``sampler``); it
-        does not stop at EOS (mlx-lm's ``generate`` does)."""
+        """``n`` tokens of ``generate_step`` on ``model`` (greedy unless ``sampler``), or
+        fewer, ending with the first one in ``stop``: ``generate_step`` does not stop at
+        EOS by itself (mlx-lm's ``generate`` does)."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
 
-        tokens = []
+        tokens: list[int] = []
         steps = generate_step(
             mx.array(prompt), model, max_tokens=n, logits_processors=hooks, sampler=sampler
         )
         for (token, _), _ in zip(steps, range(n), strict=False):
             tokens.append(int(token))
+            if tokens[-1] in stop:
+                break
         return tokens
 
     def greedy(
         self, prompt: list[int], processors: Sequence[LogitsProcessor] = (), n: int = NEW_TOKENS
     ) -> list[int]:
         hooks = self.hooks(*processors) if processors else None
-        tokens = self.steps(self.model, prompt, hooks, n)
-        stops = [i for i, token in enumerate(tokens) if token in self.tokenizer.eos_token_ids]
-        return tokens[: stops[0] + 1] if stops else tokens
+        return self.steps(self.model, prompt, hooks, n, stop=self.tokenizer.eos_token_ids)
+
+    def sampled(
+        self, prompt: list[int], processors: Sequence[LogitsProcessor], n: int, seed: int
+    ) -> list[int]:
+        from mlx_lm.sample_utils import make_sampler
+
+        hooks = self.hooks(*processors) if processors else None
+        return self._seeded(prompt, hooks, n, make_sampler(**mlx_parameters({}, True)[1]), seed)
+
+    def native(self, prompt: list[int], job: Job, n: int, seed: int = 0) -> list[int]:
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        processors, sampler = mlx_parameters(job, samples(job))
+        hooks = make_logits_processors(**processors)
+        return self._seeded(prompt, hooks, n, make_sampler(**sampler), seed)
+
+    def _seeded(self, prompt: list[int], hooks: Any, n: int, sampler: Any, seed: int) -> list[int]:
+        import mlx.core as mx
+
+        mx.random.seed(seed)
+        return self.steps(self.model, prompt, hooks, n, sampler, self.tokenizer.eos_token_ids)
 
     def structured(
         self, processor: LogitsProcessor, prompts: list[str], sample: bool, n: int, seed: int
@@ -415,6 +488,16 @@ class VllmEngine:
     ) -> list[int]:
         """``kwargs``: more sampling parameters (vLLM's own processors, as oracles)."""
         params = self.params(*processors, **{"max_tokens": n, "temperature": 0.0, **kwargs})
+        return self.generate([(prompt, params)])[0]
+
+    def sampled(
+        self, prompt: list[int], processors: Sequence[LogitsProcessor], n: int, seed: int
+    ) -> list[int]:
+        params = self.params(*processors, max_tokens=n, seed=seed, **vllm_parameters({}, True))
+        return self.generate([(prompt, params)])[0]
+
+    def native(self, prompt: list[int], job: Job, n: int, seed: int = 0) -> list[int]:
+        params = self.params(max_tokens=n, seed=seed, **vllm_parameters(job, samples(job)))
         return self.generate([(prompt, params)])[0]
 
     def structured(

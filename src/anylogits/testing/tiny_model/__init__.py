@@ -34,7 +34,7 @@ from anylogits.testing.pins import LLAMA_CPP_PYTHON_VERSION
 from anylogits.testing.tiny_model.cli import main
 from anylogits.testing.tiny_model.gguf_model import GGUF_FILENAME, build_tiny_gguf
 from anylogits.testing.tiny_model.gguf_vocab import GGUFVocab, read_gguf_vocab
-from anylogits.testing.tiny_model.hf_folder import build_tiny_model
+from anylogits.testing.tiny_model.hf_folder import build_tiny_model, tiny_model_cached
 from anylogits.testing.tiny_model.spec import (
     BUILDER_VERSION,
     DEFAULT_VOCAB,
@@ -44,6 +44,7 @@ from anylogits.testing.tiny_model.spec import (
 from anylogits.testing.tiny_model.tokenizer import build_tokenizer
 from anylogits.testing.tiny_model.vocab_files import (
     cache_root,
+    vocab_download,
     vocab_gguf_path,
     vocab_test_vectors,
 )
@@ -70,6 +71,8 @@ __all__ = [
     "make_generation_config",
     "make_weights",
     "read_gguf_vocab",
+    "tiny_model_cached",
+    "vocab_download",
     "vocab_gguf_path",
     "vocab_test_vectors",
 ]

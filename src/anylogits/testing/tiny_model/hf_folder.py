@@ -18,7 +18,12 @@ from anylogits.testing.pins import LLAMA_CPP_PYTHON_VERSION
 from anylogits.testing.tiny_model.gguf_vocab import GGUFVocab, read_gguf_vocab_cached
 from anylogits.testing.tiny_model.spec import BUILDER_VERSION, TinyModelSpec
 from anylogits.testing.tiny_model.tokenizer import build_tokenizer
-from anylogits.testing.tiny_model.vocab_files import cache_root, file_sha256, vocab_gguf_path
+from anylogits.testing.tiny_model.vocab_files import (
+    cache_root,
+    file_sha256,
+    vocab_download,
+    vocab_gguf_path,
+)
 from anylogits.testing.tiny_model.weights import make_config, make_generation_config, make_weights
 
 _MARKER = "anylogits_tiny_model.json"
@@ -81,6 +86,27 @@ def remove_stale_temporaries(root: Path, name: str, max_age_s: float = 3600.0) -
                     path.unlink()
 
 
+def _folder(
+    spec: TinyModelSpec, cache_dir: str | os.PathLike[str] | None, vocab_sha256: str
+) -> Path:
+    """Where ``spec``'s folder is cached, under a key that hashes everything its bytes
+    depend on (the spec, :data:`BUILDER_VERSION`, the vocab file's bytes)."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
+    return root / f"tiny-llama-{spec.vocab}-{spec.cache_key(vocab_sha256)[:16]}"
+
+
+def tiny_model_cached(
+    spec: TinyModelSpec | None = None, *, cache_dir: str | os.PathLike[str] | None = None
+) -> bool:
+    """Whether :func:`build_tiny_model` would find ``spec``'s folder in the cache (and
+    download nothing)."""
+    spec = spec or TinyModelSpec()
+    if vocab_download(spec.vocab) is not None:
+        return False
+    vocab_sha256 = file_sha256(vocab_gguf_path(spec.vocab))
+    return (_folder(spec, cache_dir, vocab_sha256) / _MARKER).is_file()
+
+
 def build_tiny_model(
     spec: TinyModelSpec | None = None,
     *,
@@ -103,9 +129,8 @@ def build_tiny_model(
     spec = spec or TinyModelSpec()
     gguf_path = vocab_gguf_path(spec.vocab)
     vocab_sha256 = file_sha256(gguf_path)  # ~10 ms; keys the cache on the vocab file's bytes
-    key = spec.cache_key(vocab_sha256)
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "models"
-    final = root / f"tiny-llama-{spec.vocab}-{key[:16]}"
+    final = _folder(spec, cache_dir, vocab_sha256)
+    root = final.parent
     if not force and (final / _MARKER).is_file():
         return final
 
@@ -117,7 +142,7 @@ def build_tiny_model(
         _write_model_folder(spec, vocab, tmp)
         marker = {
             "builder_version": BUILDER_VERSION,
-            "cache_key": key,
+            "cache_key": spec.cache_key(vocab_sha256),
             "llama_cpp_python_version": LLAMA_CPP_PYTHON_VERSION,
             "num_tokens": len(vocab),
             "spec": dataclasses.asdict(spec),

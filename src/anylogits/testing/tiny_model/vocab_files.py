@@ -78,6 +78,21 @@ def vocab_gguf_path(vocab: str = DEFAULT_VOCAB) -> Path:
     return path
 
 
+def vocab_download(vocab: str = DEFAULT_VOCAB) -> str | None:
+    """What :func:`vocab_gguf_path` would download for ``vocab``, in words (the PyPI file
+    and the cache folder), or ``None`` when it would download nothing (the file is cached,
+    or ``ANYLOGITS_VOCAB_DIR`` is set)."""
+    check_vocab_name(vocab)
+    if _override_dir() is not None or (_vocab_cache_dir() / f"ggml-vocab-{vocab}.gguf").is_file():
+        return None
+    return (
+        f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz (llama-cpp-python's source "
+        "distribution on PyPI, about 77 MB, with pip) for the ggml-vocab-*.gguf files it "
+        f"vendors; they are kept in {_vocab_cache_dir()}, the tarball is deleted "
+        "(ANYLOGITS_VOCAB_DIR: a folder of those files instead)"
+    )
+
+
 def _fetch_vocab_files(dest: Path) -> None:
     """Download the llama-cpp-python sdist and extract the supported vocab files into dest.
 

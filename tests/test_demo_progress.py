@@ -1,0 +1,61 @@
+"""`anylogits demo`'s long steps on stderr: a spinner on a terminal, start and end lines
+elsewhere, and the demo's error when transformers (its reference) is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from anylogits.demo.progress import step
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_off_a_terminal_a_step_is_a_start_line_and_an_end_line() -> None:
+    stream = io.StringIO()
+    with step("building", "first run: fetching a file", stream=stream):
+        pass
+    first, start, end = stream.getvalue().splitlines()
+    assert (first, start) == ("first run: fetching a file", "building ...")
+    assert re.fullmatch(r"building: done in \d+\.\d s", end)
+
+
+def test_a_step_that_fails_says_so_and_lets_the_error_through() -> None:
+    stream = io.StringIO()
+    with pytest.raises(RuntimeError, match="boom"), step("starting", stream=stream):
+        raise RuntimeError("boom")
+    assert re.search(r"^starting: failed after \d+\.\d s$", stream.getvalue(), re.MULTILINE)
+
+
+def test_on_a_terminal_a_spinner_rewrites_the_line_with_the_seconds_spent() -> None:
+    stream = Terminal()
+    with step("starting", stream=stream):
+        deadline = time.monotonic() + 10
+        while "\r" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    written = stream.getvalue()
+    assert re.match(r"\r[|/\\-] starting \d+ s", written), written
+    assert re.search(r"\rstarting: done in \d+\.\d s\x1b\[K\n$", written), written
+    assert "starting ..." not in written  # no start line: the spinner is one
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is not None,
+    reason="transformers is installed: the demo runs (conformance_tests/test_demo.py)",
+)
+def test_without_transformers_the_demo_names_the_command_that_adds_it() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "anylogits.cli", "demo"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "transformers, which is not installed" in result.stderr
+    assert 'pip install "anylogits[transformers]"' in result.stderr
