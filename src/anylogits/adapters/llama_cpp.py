@@ -157,13 +157,20 @@ class CandidateSetSampler:
     list, with llama.cpp's candidate array shrunk to the tokens the processors left.
 
     It runs the list as llama-cpp-python does (each processor gets the history and the
-    logits, and returns the new logits), on a contiguous copy of the logit column, then
-    moves the candidates whose logit is not ``-inf`` to the front of llama.cpp's array, in
-    their order, and sets its ``size``. A removed candidate had probability zero in every
-    sampler after ours (penalties, grammar, truncations, temperature, ``dist``, greedy), and
-    the kept ones keep their order, so the sampled token is the one the full array gives
-    under the same seed; llama.cpp's samplers then work on those few candidates. Nothing
-    is removed when every candidate is left or none is.
+    logits, and returns the new logits), on a contiguous copy of the logit column. When
+    the processors leave at most one token in :data:`SHRINK_BELOW`, it moves the
+    candidates whose logit is not ``-inf`` to the front of llama.cpp's array, in their
+    order, and sets its ``size``; llama.cpp's samplers then work on those few candidates.
+    A removed candidate had probability zero in every sampler after ours (penalties,
+    grammar, truncations, temperature, ``dist``, greedy), and the kept ones keep their
+    order, so the sampled token is the one the full array gives under the same seed.
+    When more are left (a ban of a few tokens), moving them would cost more than
+    llama.cpp saves (~3 ms against ~0.4 ms at 128k), so the logits are written back
+    whole, ``-inf`` where removed.
+
+    When our hook is the list's only processor and its pipeline ends on a truncation's
+    candidates (:meth:`~anylogits.Pipeline.compact`), the array is built from those
+    directly: no full row written, none scanned for the tokens left.
 
     Args:
         model: the model whose history (``_input_ids``) the processors are given.
@@ -188,38 +195,45 @@ class CandidateSetSampler:
             # Ours alone: a pipeline ending on candidates hands them over, unwritten.
             kept = self.processors[0].compact(input_ids, logits)
             if kept is not None:
-                _keep(records, candidates, kept)
+                values, columns = kept.values[0], kept.columns[0]
+                finite = values != float("-inf")
+                order = columns[finite].argsort()
+                _hand_over(candidates, records, columns[finite][order], values[finite][order])
                 return
         else:
             for processor in self.processors:
                 logits[:] = processor(input_ids, logits)
-        kept_mask = logits != -np.inf
-        count = int(np.count_nonzero(kept_mask))
-        if count in (0, len(logits)):
+        finite = scores != float("-inf")
+        if not 0 < int(finite.sum()) <= len(scores) // SHRINK_BELOW:
             column.copy_(scores)
             return
-        positions = np.flatnonzero(kept_mask)
-        front = records[positions]
-        front["logit"] = logits[positions]
-        records[:count] = front
-        candidates.size = count
+        positions = finite.nonzero().squeeze(1)
+        _hand_over(candidates, records, positions, scores[positions])
 
 
-def _keep(records: np.ndarray, candidates: Any, kept: Candidates) -> None:
-    """Move the finite ``kept`` candidates (one row) to the front of llama.cpp's array in
-    token order (the array's order: ids ascending), and shrink it to them."""
-    values, columns = kept.values[0], kept.columns[0]
-    finite = values != float("-inf")
-    columns, values = columns[finite], values[finite]
-    order = columns.argsort()
-    positions = columns[order].numpy()
-    if len(positions) == 0:
-        records["logit"] = -np.inf
+# llama.cpp's array is shrunk when at most one token in this many is left.
+SHRINK_BELOW = 8
+
+
+def _hand_over(
+    candidates: Any, records: np.ndarray, positions: torch.Tensor, values: torch.Tensor
+) -> None:
+    """llama.cpp's array with ``values`` at token ids ``positions`` (ascending) and no other
+    candidate: shrunk to them (moved to the front) when they are few, else every logit
+    written, ``-inf`` elsewhere."""
+    count = len(positions)
+    column = torch.from_numpy(records["logit"])
+    if count == 0 or count > len(records) // SHRINK_BELOW:
+        column.fill_(float("-inf"))
+        column[positions] = values.to(column.dtype)
         return
-    front = records[positions]
-    front["logit"] = values[order].numpy()
-    records[: len(positions)] = front
-    candidates.size = len(positions)
+    # The records as (id, logit, p) int32 rows: torch moves them ~5x faster than numpy
+    # moves structured records.
+    table = torch.from_numpy(records.view(np.int32).reshape(len(records), 3))
+    front = table.index_select(0, positions)
+    front[:, 1] = values.to(torch.float32).view(torch.int32)
+    table[:count] = front
+    candidates.size = count
 
 
 _CANDIDATE_RECORD = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
