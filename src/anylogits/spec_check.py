@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anylogits.adapters.vllm_requests import SPEC_KEY, validate_request
+from anylogits.core import plugins
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 
@@ -86,6 +87,14 @@ def check_request(text: str) -> SpecCheck:
             "or a list of them) and refuses the request before anylogits sees it: send the "
             "specs as one JSON string (anylogits.vllm_xargs(...) builds it)",
             False,
+        )
+    try:
+        # As a server that has loaded its plugins (its engine loads every one at start,
+        # its frontend each on first use), so an unknown type's message lists the same.
+        plugins.load_plugins()
+    except ValueError as error:
+        return SpecCheck(
+            False, f"a plugin fails to load, as it would at engine start: {error}", False
         )
     try:
         specs = validate_request(extra_args, engine_in_this_process=False)
