@@ -39,11 +39,14 @@ def server_message(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def fresh_server_messages() -> dict[str, str]:
-    """:func:`server_message` of every bad payload in a new process, as the command
-    runs (an unknown type's message lists the types that process has registered)."""
+    """:func:`server_message` of every bad payload in a new process whose plugins are
+    loaded, as the command runs (an unknown type's message lists the types and plugins
+    that process has loaded)."""
     code = (
         "import json, sys\n"
         "from anylogits.adapters.vllm_requests import validate_request\n"
+        "from anylogits.core.plugins import load_plugins\n"
+        "load_plugins()\n"
         "messages = {}\n"
         "for case, text in json.load(sys.stdin).items():\n"
         "    try:\n"
