@@ -195,10 +195,10 @@ class CandidateSetSampler:
             # Ours alone: a pipeline ending on candidates hands them over, unwritten.
             kept = self.processors[0].compact(input_ids, logits)
             if kept is not None:
-                values, columns = kept.values[0], kept.columns[0]
-                finite = values != float("-inf")
-                order = columns[finite].argsort()
-                _hand_over(candidates, records, columns[finite][order], values[finite][order])
+                finite = kept.values[0] != float("-inf")
+                columns, values = kept.columns[0][finite], kept.values[0][finite]
+                order = columns.argsort()
+                _hand_over(candidates, records, columns[order], values[order])
                 return
         else:
             for processor in self.processors:
