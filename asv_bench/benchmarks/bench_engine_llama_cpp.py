@@ -20,7 +20,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
-from anylogits.testing.native import CHAIN, chain_processors, llama_cpp_parameters
+from anylogits.testing.native import ENGINE_JOBS, llama_cpp_parameters
 
 from . import common
 
@@ -45,24 +45,10 @@ def _load() -> Any:
     )
 
 
-def _jobs() -> dict[str, tuple[Any, dict[str, Any]]]:
-    """Per job: (the anylogits processors, factory; llama.cpp's parameters)."""
-    from anylogits import RepetitionPenalty
-
-    penalty = CHAIN["repetition_penalty"]
-    return {
-        "chain": (chain_processors, llama_cpp_parameters(CHAIN, sample=True)),
-        "repetition": (
-            lambda: [RepetitionPenalty(penalty)],
-            llama_cpp_parameters({"repetition_penalty": penalty}, sample=True),
-        ),
-    }
-
-
 class EngineVsNativeLlamaCpp:
     """Per-token generation time, anylogits processors / llama.cpp's native parameters."""
 
-    params = (["chain", "repetition"],)
+    params = (list(ENGINE_JOBS),)
     param_names = ["job"]
     timeout = 600
 
@@ -71,7 +57,8 @@ class EngineVsNativeLlamaCpp:
 
         self.llm = _load()
         self.prompt = self.llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
-        processors, native = _jobs()[job]
+        processors, arguments = ENGINE_JOBS[job]
+        native = llama_cpp_parameters(arguments, sample=True)
         ours = llama_cpp_parameters({}, sample=True)  # llama.cpp's sampling switched off
 
         def run_ours(hook: Any) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
-from anylogits.testing.native import CHAIN, chain_processors, mlx_parameters
+from anylogits.testing.native import ENGINE_JOBS, mlx_parameters
 
 from . import common
 from .backends import require_backend
@@ -30,25 +30,10 @@ NEW_TOKENS = 64
 PROMPT = "Once upon a time, in a land far away, there lived"
 
 
-def _jobs() -> dict[str, tuple[Any, dict[str, Any], dict[str, Any]]]:
-    """Per job: (the anylogits processors, factory; mlx-lm's logits-processor
-    parameters; mlx-lm's sampler parameters)."""
-    from anylogits import RepetitionPenalty
-
-    penalty = CHAIN["repetition_penalty"]
-    return {
-        "chain": (chain_processors, *mlx_parameters(CHAIN, sample=True)),
-        "repetition": (
-            lambda: [RepetitionPenalty(penalty)],
-            *mlx_parameters({"repetition_penalty": penalty}, sample=True),
-        ),
-    }
-
-
 class EngineVsNativeMlx:
     """Per-token generation time, anylogits processors / mlx-lm's native parameters."""
 
-    params = (["chain", "repetition"],)
+    params = (list(ENGINE_JOBS),)
     param_names = ["job"]
     timeout = 600
 
@@ -63,7 +48,8 @@ class EngineVsNativeMlx:
 
         self.model, tokenizer = mlx_lm.load(str(build_tiny_model()))
         self.prompt = mx.array(tokenizer.encode(PROMPT))
-        processors, native_processors, native_sampler = _jobs()[job]
+        processors, arguments = ENGINE_JOBS[job]
+        native_processors, native_sampler = mlx_parameters(arguments, sample=True)
         plain_sampler = make_sampler(**mlx_parameters({}, sample=True)[1])
         sampler = make_sampler(**native_sampler)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from anylogits.testing.native import CHAIN, chain_processors, transformers_parameters
+from anylogits.testing.native import ENGINE_JOBS, transformers_parameters
 
 NEW_TOKENS = 32
 BATCH = 8
@@ -26,24 +26,10 @@ ROUNDS = 5
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 
 
-def _jobs() -> dict[str, tuple[list[Any], dict[str, Any]]]:
-    """Each job: (anylogits processors, transformers' native parameters)."""
-    from anylogits import RepetitionPenalty
-
-    penalty = CHAIN["repetition_penalty"]
-    return {
-        "chain": (chain_processors(), transformers_parameters(CHAIN, sample=True)),
-        "repetition": (
-            [RepetitionPenalty(penalty)],
-            transformers_parameters({"repetition_penalty": penalty}, sample=True),
-        ),
-    }
-
-
 class EngineVsNativeTransformers:
     """Per-token generation time, anylogits processors over transformers' native ones."""
 
-    params = (["chain", "repetition"],)
+    params = (list(ENGINE_JOBS),)
     param_names = ["job"]
     timeout = 900
 
@@ -70,8 +56,9 @@ class EngineVsNativeTransformers:
 
         from anylogits import for_transformers
 
-        processors, native = _jobs()[self.job]
-        hook = for_transformers(*processors, tokenizer=self.tokenizer)
+        processors, arguments = ENGINE_JOBS[self.job]
+        native = transformers_parameters(arguments, sample=True)
+        hook = for_transformers(*processors(), tokenizer=self.tokenizer)
         prompt = self.prompt.repeat(batch, 1)
 
         def ours() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from anylogits.testing.native import CHAIN, chain_processors, vllm_parameters
+from anylogits.testing.native import ENGINE_JOBS, vllm_parameters
 
 from .backends import require_backend
 from .bench_structured import SCHEMA_FILE
@@ -84,7 +84,7 @@ def _job_params(job: str) -> tuple[list[Any], list[Any], list[Any]]:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from anylogits import JSONSchema, RepetitionPenalty, for_vllm
+    from anylogits import JSONSchema, for_vllm
 
     if job == "json":
         # Seeded per request: where the two grammars agree, both sides sample the same
@@ -100,13 +100,9 @@ def _job_params(job: str) -> tuple[list[Any], list[Any], list[Any]]:
             [SamplingParams(**budget) for budget in budgets],
         )
     budget = {"max_tokens": NEW_TOKENS, "ignore_eos": True}
-    if job == "chain":
-        ours, native = chain_processors(), CHAIN
-    else:
-        native = {"repetition_penalty": CHAIN["repetition_penalty"]}
-        ours = [RepetitionPenalty(native["repetition_penalty"])]
+    processors, native = ENGINE_JOBS[job]
     return (
-        [for_vllm(*ours, **vllm_parameters({}, sample=True), **budget)] * REQUESTS,
+        [for_vllm(*processors(), **vllm_parameters({}, sample=True), **budget)] * REQUESTS,
         [SamplingParams(**vllm_parameters(native, sample=True), **budget)] * REQUESTS,
         [SamplingParams(**vllm_parameters({}, sample=True), **budget)] * REQUESTS,
     )

@@ -15,6 +15,7 @@ logits they leave.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Job = dict[str, Any]
@@ -30,6 +31,9 @@ CHAIN: Job = {
     "top_p": 0.9,
     "min_p": 0.05,
 }
+
+# Issue 17's second job: the chain's repetition penalty alone, no truncation.
+REPETITION: Job = {"repetition_penalty": CHAIN["repetition_penalty"]}
 
 # What an engine that lacks suppress_tokens bans tokens with: a logit bias of -100, the
 # OpenAI API's "ban" (vLLM clamps its logit_bias to [-100, 100]).
@@ -54,6 +58,21 @@ def chain_processors() -> list[Any]:
     last: after the truncations it scales only their few survivors (the benchmarks'
     order; engines apply their own parameters in their own order)."""
     return _chain(("repetition_penalty", "top_k", "top_p", "min_p", "temperature"))
+
+
+def repetition_processors() -> list[Any]:
+    """The anylogits processors for :data:`REPETITION`, fresh objects each call."""
+    from anylogits import RepetitionPenalty
+
+    return [RepetitionPenalty(REPETITION["repetition_penalty"])]
+
+
+# The engine benchmarks' jobs, by name: fresh anylogits processors, and the job as
+# transformers' arguments (each benchmark translates it into its engine's parameters).
+ENGINE_JOBS: dict[str, tuple[Callable[[], list[Any]], Job]] = {
+    "chain": (chain_processors, CHAIN),
+    "repetition": (repetition_processors, REPETITION),
+}
 
 
 def chain_processors_in_generate_order() -> list[Any]:
