@@ -247,6 +247,39 @@ def test_sampling_from_the_candidates_left_draws_the_tokens_of_the_full_array(
     assert len({tuple(sampled(seed, shrink=True)) for seed in range(3)}) > 1  # it samples
 
 
+def test_the_hook_copies_llama_cpps_contiguous_logits_row_equal_to_its_candidates(
+    engine: LlamaCppEngine, llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our sampler is the first of the chain, so the candidates llama.cpp hands it are
+    the row ``llama_get_logits_ith(ctx, idx)`` in token order: the hook copies that
+    contiguous row rather than gathering the records' strided logit column."""
+    import anylogits.adapters.llama_cpp as adapter
+
+    rows: list[np.ndarray] = []
+    columns: list[np.ndarray] = []
+    logits_ith = llama_cpp.llama_get_logits_ith
+    candidate_records = adapter._candidate_records
+
+    def row_read(ctx: Any, idx: int) -> Any:
+        pointer = logits_ith(ctx, idx)
+        rows.append(np.ctypeslib.as_array(pointer, shape=(llm.n_vocab(),)).copy())
+        return pointer
+
+    def records_seen(candidates: Any) -> np.ndarray:
+        records = candidate_records(candidates)
+        assert records["id"].tolist() == list(range(llm.n_vocab()))  # token order
+        columns.append(records["logit"].copy())
+        return records
+
+    monkeypatch.setattr(llama_cpp, "llama_get_logits_ith", row_read)
+    monkeypatch.setattr(adapter, "_candidate_records", records_seen)
+    hook = for_llama_cpp(RepetitionPenalty(1.3), TopK(50), TopP(0.9), model=llm)
+    engine.generate(engine.encode(COUNTING), hook, n=4, **SAMPLING_OFF)
+    assert len(rows) == len(columns) == 4
+    for row, column in zip(rows, columns, strict=True):
+        assert row.tobytes() == column.tobytes()
+
+
 # -- failures stop generation and reach the caller --------------------------------------
 
 

@@ -164,6 +164,53 @@ def test_pipeline_compact_hands_over_the_last_candidates_unwritten() -> None:
     assert_same_bits(rows, Pipeline(ending_in_full_rows)(logits.clone(), history))
 
 
+class TorchCalls(TorchFunctionMode):
+    """The names of the torch functions called while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_candidates_in_descending_order_are_neither_sorted_nor_searched_for_a_maximum() -> None:
+    """TopK's candidates come in descending order, and TopP, MinP and Temperature keep it:
+    TopP takes its chunks as the first columns (no sort, no topk) and MinP the first
+    column as the maximum. The only ``amax`` and ``topk`` left are TopK's own."""
+    logits = torch.randn(2, 32_000, generator=torch.Generator().manual_seed(3)) * 5
+    processors = [TopK(50), TopP(0.9), MinP(0.05), Temperature(0.7), MinP(0.1)]
+    with TorchCalls() as calls:
+        candidates = run_on_candidates(processors[0], processors[1:], logits, Batch(2))
+    assert candidates is not None and candidates.descending
+    assert "sort" not in calls.names and "argsort" not in calls.names
+    assert calls.names.count("topk") == 2  # top_logits: chunk maxima, then the chunks
+    assert calls.names.count("amax") == 1  # top_logits' chunk maxima
+    assert_same_bits(candidates.write(logits.clone()), full_path(processors, logits.clone()))
+
+
+class Negate(LogitsProcessor):
+    """Row-local, but it reverses the order: finite logits change sign (``-inf`` stays)."""
+
+    row_local = True
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return torch.where(logits.isfinite(), -logits, logits)
+
+
+def test_a_follower_that_does_not_keep_the_order_ends_the_descending_run() -> None:
+    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(5)) * 3
+    processors = [TopK(40), Temperature(0.5), Negate(), TopP(0.8), MinP(0.2)]
+    candidates = run_on_candidates(processors[0], processors[1:], logits, Batch(3))
+    assert candidates is not None and not candidates.descending
+    assert_same_bits(candidates.write(logits.clone()), full_path(processors, logits.clone()))
+    # Without Negate, the order holds to the end.
+    kept = run_on_candidates(processors[0], [processors[1], *processors[3:]], logits, Batch(3))
+    assert kept is not None and kept.descending
+
+
 def test_a_tie_at_the_kth_logit_falls_back_to_the_full_path() -> None:
     logits = torch.tensor([[5.0, 4.0, 3.0, 3.0, 3.0, 1.0, 0.0, -1.0]])
     processors = [TopK(3), Temperature(0.5)]

@@ -20,6 +20,7 @@ from anylogits import (
     TopP,
     Vocabulary,
 )
+from anylogits.core.batch import Batch
 
 INF = math.inf
 
@@ -113,6 +114,18 @@ def test_repetition_penalty_ignores_padding_of_ragged_rows() -> None:
     logits = torch.full((2, 10), 2.0)
     out = Pipeline([RepetitionPenalty(2.0)])(logits, ids, lengths=torch.tensor([1, 3]))
     assert out[0].tolist() == [2, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert out[1].tolist() == [1, 2, 1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def test_full_rows_need_no_lengths() -> None:
+    """Without ``lengths`` every row fills the history, so the penalty neither builds
+    nor reads them (a tensor and a host read per call saved); with them, the padding
+    is still skipped (above)."""
+    ids = torch.tensor([[9, 9, 1], [0, 2, 3]])
+    batch = Batch(2, ids)
+    out = RepetitionPenalty(2.0).process(torch.full((2, 10), 2.0), batch)
+    assert batch._lengths is None  # never asked for
+    assert out[0].tolist() == [2, 1, 2, 2, 2, 2, 2, 2, 2, 1]
     assert out[1].tolist() == [1, 2, 1, 1, 2, 2, 2, 2, 2, 2]
 
 

@@ -50,6 +50,8 @@ class Batch:
         self._prompt_lengths = prompt_lengths
         self._states = states or {}
         self.vocab = vocab
+        # No lengths given: every row fills the history's L columns.
+        self.rows_are_full = lengths is None
 
     @property
     def token_ids(self) -> torch.Tensor:

@@ -54,19 +54,25 @@ def run_on_candidates(
 
     The followers see the same finite logits as on the full rows and give the same bits
     (``row_local`` promises it), so the written candidates are the full path's result,
-    bit for bit. Whether every row is exact is a host read: an accelerator would stall
-    the stream on it, and a fallback that needs no read would compute the full path
-    anyway, so there the processors run on the full rows.
+    bit for bit. While the candidates stay in descending order (``keeps_order``) the
+    followers get them through ``process_descending``. Whether every row is exact is a
+    host read: an accelerator would stall the stream on it, and a fallback that needs no
+    read would compute the full path anyway, so there the processors run on the full
+    rows.
     """
     if not host_sync_allowed(logits):
         return None
     candidates = truncation.candidates(logits, batch)
     if candidates is None or not bool(candidates.exact.all()):
         return None
-    values = candidates.values
+    values, descending = candidates.values, candidates.descending
     for follower in followers:
-        values = follower.process(values, batch)
-    return candidates._replace(values=values)
+        if descending:
+            values = follower.process_descending(values, batch)
+            descending = follower.keeps_order
+        else:
+            values = follower.process(values, batch)
+    return candidates._replace(values=values, descending=descending)
 
 
 class Pipeline:

@@ -22,12 +22,16 @@ class Candidates(NamedTuple):
     ``values[b]`` holds the logits of row ``b`` at ``columns[b]`` (``-inf`` where the row
     has fewer than ``K`` tokens left); every other column of the row is ``-inf``, except
     in rows where ``exact[b]`` is ``False`` (a tie at the K-th logit kept more than
-    ``K`` tokens): those rows must be processed in full.
+    ``K`` tokens): those rows must be processed in full. ``descending``: every row of
+    ``values`` is in descending order (``-inf`` last, no NaN), as ``torch.topk`` returns
+    them; processors may then skip a sort or a maximum (see
+    :meth:`LogitsProcessor.process_descending`).
     """
 
     values: torch.Tensor
     columns: torch.Tensor
     exact: torch.Tensor
+    descending: bool = False
 
     def write(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` (in place) holding only the candidates: one fill, one scatter."""
@@ -55,12 +59,17 @@ class LogitsProcessor:
             gives the same bits whichever columns hold them. After a truncation that
             returns :meth:`candidates`, the pipeline runs such processors on the
             ``(B, K)`` candidate logits instead of the ``(B, V)`` rows.
+        keeps_order: ``True`` when :meth:`process` leaves a row in descending order in
+            descending order (truncations, which only set logits to ``-inf``, and
+            temperature). Along a run of candidates that stay in descending order the
+            pipeline calls :meth:`process_descending`.
     """
 
     spec_name: ClassVar[str | None] = None
     needs_sequences: ClassVar[bool] = False
     argmax_invariant: ClassVar[bool] = False
     row_local: ClassVar[bool] = False
+    keeps_order: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -91,6 +100,13 @@ class LogitsProcessor:
         so the caller's logits are read once instead of copied and then edited.
         """
         return self.process(out.copy_(logits), batch)
+
+    def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """:meth:`process` for rows known to be in descending order (``-inf`` last, no
+        NaN): a truncation's candidates. Must give :meth:`process`'s bits; overridden
+        where the order spares work (no sort, the maximum is the first column). The
+        default calls :meth:`process`."""
+        return self.process(values, batch)
 
     def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
         """This truncation's result as :class:`Candidates`, without editing ``logits``;
@@ -176,9 +192,10 @@ class RowwiseProcessor(LogitsProcessor):
     """Rows of one batch processed by one function with per-row parameters.
 
     What :meth:`LogitsProcessor.stack` returns: ``function(logits, batch, **parameters)``
-    where each tensor parameter has one entry (or row) per logits row. ``row_local`` and
-    ``candidates`` (a function called like ``function``) are those of the stacked
-    class. Internal: it has no spec.
+    where each tensor parameter has one entry (or row) per logits row. ``row_local``,
+    ``keeps_order``, ``candidates`` and ``descending`` (functions called like
+    ``function``: :meth:`candidates` and :meth:`process_descending`) are those of the
+    stacked class. Internal: it has no spec.
     """
 
     def __init__(
@@ -186,16 +203,23 @@ class RowwiseProcessor(LogitsProcessor):
         function: Callable[..., torch.Tensor],
         *,
         row_local: bool = False,
+        keeps_order: bool = False,
         candidates: Callable[..., Candidates | None] | None = None,
+        descending: Callable[..., torch.Tensor] | None = None,
         **parameters: Any,
     ) -> None:
         self.function = function
         self.row_local = row_local  # type: ignore[misc]
+        self.keeps_order = keeps_order  # type: ignore[misc]
         self.candidates_function = candidates
+        self.descending_function = descending or function
         self.parameters = parameters
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self.function(logits, batch, **self.parameters)
+
+    def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self.descending_function(values, batch, **self.parameters)
 
     def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
         if self.candidates_function is None:

@@ -68,18 +68,23 @@ def row_total(weights: torch.Tensor) -> torch.Tensor:
     rows = max(1, _BLOCK // weights.shape[-1])
     if weights.shape[0] > rows:  # int64 blocks of <= 8 MB: the allocator reuses them
         return torch.cat([row_total(block) for block in weights.split(rows)])
-    fixed = (weights * _FIXED_POINT).round_().to(torch.int64).sum(-1, keepdim=True)
+    fixed = (weights * _FIXED_POINT).round_().sum(-1, keepdim=True, dtype=torch.int64)
     return fixed.to(weights.dtype).div_(_FIXED_POINT)
 
 
 _BLOCK = 1 << 20
 
 
-def probabilities(logits: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def probabilities(
+    logits: torch.Tensor, dtype: torch.dtype | None = None, maxima: torch.Tensor | None = None
+) -> torch.Tensor:
     """The softmax of each row, computed in :func:`mass_dtype` and returned in ``dtype``
     (default: the logits' dtype, as ``torch.softmax(logits)``), with bits that depend
-    only on the row's finite logits (see :func:`row_total`)."""
-    weights = shifted_exp(logits, logits.amax(dim=-1, keepdim=True), mass_dtype(logits))
+    only on the row's finite logits (see :func:`row_total`). ``maxima``: each row's
+    maximum, ``(B, 1)``, when the caller has it."""
+    if maxima is None:
+        maxima = logits.amax(dim=-1, keepdim=True)
+    weights = shifted_exp(logits, maxima, mass_dtype(logits))
     weights = weights.div_(row_total(weights))
     return weights.to(dtype or logits.dtype)
 
@@ -174,16 +179,16 @@ def history_within(
     :func:`host_sync_allowed`); rows that hold none must be left unchanged.
     """
     ids = batch.token_ids
-    lengths = batch.lengths.to(ids.device)
     if last is not None and ids.shape[1] > last:
         # Right-aligned: every row's last tokens share the last columns.
         ids = ids[:, -last:]
-        lengths = lengths.clamp(max=last)
     readable = host_sync_allowed(ids)
     usable = ids < width
-    if not readable or lengths.min() < ids.shape[1]:
-        columns = torch.arange(ids.shape[1], device=ids.device)
-        usable &= columns >= (ids.shape[1] - lengths)[:, None]
+    if not batch.rows_are_full:
+        lengths = batch.lengths.to(ids.device).clamp(max=ids.shape[1])
+        if not readable or lengths.min() < ids.shape[1]:
+            columns = torch.arange(ids.shape[1], device=ids.device)
+            usable &= columns >= (ids.shape[1] - lengths)[:, None]
     if ids.shape[1] == 0 or (readable and bool(usable.all())):
         return ids, None
     fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)

@@ -34,6 +34,7 @@ class Temperature(LogitsProcessor):
     spec_name = "temperature"
     argmax_invariant = True
     row_local = True
+    keeps_order = True  # a division by a positive number is monotone
 
     def __init__(self, temperature: float) -> None:
         self.temperature = positive_float("temperature", temperature)
@@ -47,4 +48,6 @@ class Temperature(LogitsProcessor):
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
         temperatures = [p.temperature for p in processors]  # type: ignore[attr-defined]
-        return RowwiseProcessor(divide_rows, row_local=True, divisors=row_values(temperatures))
+        return RowwiseProcessor(
+            divide_rows, row_local=True, keeps_order=True, divisors=row_values(temperatures)
+        )

@@ -52,6 +52,7 @@ class TopK(LogitsProcessor):
     spec_name = "top_k"
     argmax_invariant = True
     row_local = True
+    keeps_order = True
 
     def __init__(self, top_k: int, min_tokens_to_keep: int = 1) -> None:
         self.top_k = int_at_least("top_k", top_k, 1)
@@ -72,6 +73,7 @@ class TopK(LogitsProcessor):
         return RowwiseProcessor(
             _top_k_rows,
             row_local=True,
+            keeps_order=True,
             candidates=_top_k_candidates,
             k_max=max(ks),
             ks=torch.tensor(ks),
@@ -125,7 +127,7 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
     kept = values[:, :k_max]
     if ks is not None:  # rows with a smaller k drop their candidates below their k-th
         kept = torch.where(kept >= kth, kept, float("-inf"))
-    return _TopK(kth, Candidates(kept, columns[:, :k_max], exact))
+    return _TopK(kth, Candidates(kept, columns[:, :k_max], exact, descending=True))
 
 
 class TopP(LogitsProcessor):
@@ -160,6 +162,7 @@ class TopP(LogitsProcessor):
     spec_name = "top_p"
     argmax_invariant = True
     row_local = True
+    keeps_order = True
     first_chunk = 64
 
     def __init__(self, top_p: float, min_tokens_to_keep: int = 1) -> None:
@@ -175,8 +178,15 @@ class TopP(LogitsProcessor):
             return logits
         return _top_p(logits, self.top_p, self.min_tokens_to_keep, self.first_chunk)
 
+    def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if self.top_p >= 1.0:
+            return values
+        return _top_p(values, self.top_p, self.min_tokens_to_keep, self.first_chunk, True)
 
-def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) -> torch.Tensor:
+
+def _top_p(
+    logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int, descending: bool = False
+) -> torch.Tensor:
     """Keep the tokens whose float32 probability reaches that of the last token of the
     nucleus (so ties in probability are kept together).
 
@@ -185,13 +195,14 @@ def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) 
     monotone in the logit, so the kept set is every logit down to the lowest one in the
     chunk whose probability reaches the threshold, provided the chunk ends below the
     threshold. The chunk grows until it does in every row (on the CPU); an accelerator,
-    which must not read the tensors to decide, sorts the whole row at once.
+    which must not read the tensors to decide, sorts the whole row at once. Rows already
+    in ``descending`` order are their own sort: chunks are their first columns.
     """
     width = logits.shape[-1]
     k = min(width, max(first_chunk, min_keep))
     total = None
     if k <= width // 8 and host_sync_allowed(logits):
-        maxima = logits.amax(dim=-1, keepdim=True)
+        maxima = logits[:, :1] if descending else logits.amax(dim=-1, keepdim=True)
         total = row_total(shifted_exp(logits, maxima, torch.float32))
         # No token is likelier than the first (1 / total): the nucleus holds at least
         # top_p * total tokens. Far beyond a first chunk, sort at once.
@@ -202,9 +213,9 @@ def _top_p(logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int) 
     while True:
         if k > width // 8:
             k = width
-            values = sorted_descending(logits)
+            values = logits if descending else sorted_descending(logits)
         else:
-            values = top_logits(logits, k)[0]
+            values = logits[:, :k] if descending else top_logits(logits, k)[0]
         weights = shifted_exp(values, values[:, :1], torch.float32)
         if total is None:  # the whole sorted row: the same exact sum as the row's
             total = row_total(weights)
@@ -252,6 +263,7 @@ class MinP(LogitsProcessor):
     spec_name = "min_p"
     argmax_invariant = True
     row_local = True
+    keeps_order = True
 
     def __init__(self, min_p: float, min_tokens_to_keep: int = 1) -> None:
         self.min_p = probability("min_p", min_p, allow_zero=True)
@@ -263,6 +275,9 @@ class MinP(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return _min_p(logits, self.min_p, self.min_tokens_to_keep)
 
+    def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return _min_p(values, self.min_p, self.min_tokens_to_keep, descending=True)
+
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
         keep = {p.min_tokens_to_keep for p in processors}  # type: ignore[attr-defined]
@@ -270,15 +285,28 @@ class MinP(LogitsProcessor):
             return None
         min_ps = row_values([p.min_p for p in processors])  # type: ignore[attr-defined]
         return RowwiseProcessor(
-            _min_p_rows, row_local=True, min_ps=min_ps, min_tokens_to_keep=keep.pop()
+            _min_p_rows,
+            row_local=True,
+            keeps_order=True,
+            descending=_min_p_rows_descending,
+            min_ps=min_ps,
+            min_tokens_to_keep=keep.pop(),
         )
 
 
 def _min_p(
-    logits: torch.Tensor, min_p: float | torch.Tensor, min_tokens_to_keep: int
+    logits: torch.Tensor,
+    min_p: float | torch.Tensor,
+    min_tokens_to_keep: int,
+    descending: bool = False,
 ) -> torch.Tensor:
-    probs = probabilities(logits)
-    top = probs.amax(dim=-1, keepdim=True)
+    """Rows in ``descending`` order have their maximum (and top probability) first."""
+    if descending:
+        probs = probabilities(logits, maxima=logits[:, :1])
+        top = probs[:, :1]
+    else:
+        probs = probabilities(logits)
+        top = probs.amax(dim=-1, keepdim=True)
     if isinstance(min_p, torch.Tensor):
         # Rounded to the probabilities' dtype, as a Python float factor would be.
         threshold = (opmath(min_p, logits) * top.to(min_p.dtype)[:, 0]).to(probs.dtype)[:, None]
@@ -294,6 +322,12 @@ def _min_p_rows(
     logits: torch.Tensor, batch: Batch, min_ps: torch.Tensor, min_tokens_to_keep: int
 ) -> torch.Tensor:
     return _min_p(logits, min_ps, min_tokens_to_keep)
+
+
+def _min_p_rows_descending(
+    logits: torch.Tensor, batch: Batch, min_ps: torch.Tensor, min_tokens_to_keep: int
+) -> torch.Tensor:
+    return _min_p(logits, min_ps, min_tokens_to_keep, descending=True)
 
 
 class TypicalP(LogitsProcessor):
@@ -473,6 +507,7 @@ class _ProbabilityFloor(LogitsProcessor):
         return RowwiseProcessor(
             cls._rows,
             row_local=cls.row_local,
+            keeps_order=cls.keeps_order,
             epsilons=row_values([p.epsilon for p in processors]),  # type: ignore[attr-defined]
             min_keep=max(min_keeps),
             min_keeps=torch.tensor(min_keeps),
@@ -502,6 +537,7 @@ class EpsilonCutoff(_ProbabilityFloor):
 
     spec_name = "epsilon_cutoff"
     row_local = True
+    keeps_order = True
     _rows = staticmethod(_epsilon_rows)
 
 
