@@ -32,7 +32,7 @@ from anylogits.processors.truncation import (
     TopP,
     TypicalP,
 )
-from anylogits.testing.host_reads import HostReads
+from anylogits.testing.host_reads import HostReads, TorchCalls
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -162,18 +162,6 @@ def test_pipeline_compact_hands_over_the_last_candidates_unwritten() -> None:
     rows = Pipeline(ending_in_full_rows).compact(logits.clone(), history)
     assert isinstance(rows, torch.Tensor)
     assert_same_bits(rows, Pipeline(ending_in_full_rows)(logits.clone(), history))
-
-
-class TorchCalls(TorchFunctionMode):
-    """The names of the torch functions called while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.names.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
 
 
 def test_candidates_in_descending_order_are_neither_sorted_nor_searched_for_a_maximum() -> None:

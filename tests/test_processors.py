@@ -21,6 +21,7 @@ from anylogits import (
     Vocabulary,
 )
 from anylogits.core.batch import Batch
+from anylogits.testing.host_reads import TorchCalls
 
 INF = math.inf
 
@@ -218,6 +219,19 @@ def test_a_pipeline_writing_to_out_leaves_the_logits_untouched(processors: list)
     assert torch.equal(result, in_place)
     assert result.data_ptr() == out.data_ptr()  # the first write went to `out`
     assert torch.equal(logits, original)
+
+
+def test_repetition_penalty_writes_out_in_one_scatter_without_copying_first() -> None:
+    """transformers keeps its logits: the penalty reads them and writes rows and
+    penalized columns to ``out`` in one out-of-place scatter, no ``copy_`` then edit."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 3, 7], [2, 2, 9], [0, 49, 48]])
+    original, out = logits.clone(), torch.empty_like(logits)
+    with TorchCalls() as calls:
+        result = RepetitionPenalty(1.5).process_into(logits, Batch(3, ids), out)
+    assert result.data_ptr() == out.data_ptr() and torch.equal(logits, original)
+    assert torch.equal(result, RepetitionPenalty(1.5).process(logits.clone(), Batch(3, ids)))
+    assert "copy_" not in calls.names and calls.names.count("scatter") == 1
 
 
 def test_logits_of_the_wrong_shape_or_dtype_are_rejected() -> None:

@@ -183,13 +183,15 @@ def history_within(
         # Right-aligned: every row's last tokens share the last columns.
         ids = ids[:, -last:]
     readable = host_sync_allowed(ids)
+    if ids.shape[1] == 0 or (readable and batch.rows_are_full and int(ids.amax()) < width):
+        return ids, None
     usable = ids < width
     if not batch.rows_are_full:
         lengths = batch.lengths.to(ids.device).clamp(max=ids.shape[1])
         if not readable or lengths.min() < ids.shape[1]:
             columns = torch.arange(ids.shape[1], device=ids.device)
             usable &= columns >= (ids.shape[1] - lengths)[:, None]
-    if ids.shape[1] == 0 or (readable and bool(usable.all())):
+    if readable and bool(usable.all()):
         return ids, None
     fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
     return torch.where(usable, ids, fill.clamp(min=0)), (fill >= 0)

@@ -64,6 +64,9 @@ class RepetitionPenalty(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return _repetition_penalty(logits, batch, self.penalty, self.context_size)
 
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return _repetition_penalty(logits, batch, self.penalty, self.context_size, out=out)
+
     @classmethod
     def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
         sizes = {p.context_size for p in processors}  # type: ignore[attr-defined]
@@ -78,7 +81,10 @@ def _repetition_penalty(
     batch: Batch,
     penalty: float | torch.Tensor,
     context_size: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``out``: where the result goes (the rows copied with the penalized columns, in
+    one scatter), leaving ``logits`` untouched; by default ``logits``, in place."""
     ids, rows_with_ids = history_within(batch, logits.shape[-1], context_size)
     ids = ids.to(logits.device)
     seen = logits.gather(1, ids)
@@ -91,7 +97,9 @@ def _repetition_penalty(
         penalized = torch.where(seen < 0, seen * penalty, seen / penalty)
     if rows_with_ids is not None:
         penalized = torch.where(rows_with_ids.to(logits.device), penalized, seen)
-    return logits.scatter_(1, ids, penalized)
+    if out is None:
+        return logits.scatter_(1, ids, penalized)
+    return torch.scatter(logits, 1, ids, penalized, out=out)
 
 
 class _RowwiseWithSequences(RowwiseProcessor):

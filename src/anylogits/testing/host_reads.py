@@ -103,3 +103,22 @@ class HostReads(TorchFunctionMode):
     @property
     def total(self) -> int:
         return sum(self.kinds.values())
+
+
+class TorchCalls(TorchFunctionMode):
+    """The names of the torch functions and methods called while it is active, in order
+    (to show which operations a path makes, e.g. that it copies or sorts nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
