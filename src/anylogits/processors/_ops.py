@@ -86,7 +86,8 @@ def probabilities(
         maxima = logits.amax(dim=-1, keepdim=True)
     weights = shifted_exp(logits, maxima, mass_dtype(logits))
     weights = weights.div_(row_total(weights))
-    return weights.to(dtype or logits.dtype)
+    dtype = dtype or logits.dtype
+    return weights if weights.dtype == dtype else weights.to(dtype)
 
 
 def sorted_descending(values: torch.Tensor) -> torch.Tensor:
