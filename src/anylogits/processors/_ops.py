@@ -125,17 +125,23 @@ def top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     if logits.device.type != "cpu" or chunks < 8 * k or logits.stride(-1) != 1:
         return torch.topk(logits, k, dim=-1)
     split = chunks * _TOP_CHUNK
-    blocks = logits[:, :split].view(rows, chunks, _TOP_CHUNK)
+    whole = logits if split == width else logits[:, :split]
+    blocks = whole.view(rows, chunks, _TOP_CHUNK)
     chosen = torch.topk(blocks.amax(dim=-1), k, dim=-1).indices
     picked = blocks.gather(1, chosen[:, :, None].expand(rows, k, _TOP_CHUNK)).view(rows, -1)
-    offsets = torch.arange(_TOP_CHUNK, device=logits.device)
-    columns = (chosen[:, :, None] * _TOP_CHUNK + offsets).view(rows, -1)
+    columns = _chunk_columns(chunks, logits.device)[chosen].view(rows, -1)
     if split < width:  # the last, shorter chunk is always searched
         picked = torch.cat([picked, logits[:, split:]], dim=-1)
         tail = torch.arange(split, width, device=logits.device).expand(rows, -1)
         columns = torch.cat([columns, tail], dim=-1)
     values, order = torch.topk(picked, k, dim=-1)
     return values, columns.gather(-1, order)
+
+
+@functools.lru_cache(maxsize=16)
+def _chunk_columns(chunks: int, device: torch.device) -> torch.Tensor:
+    """``(chunks, 64)``: the columns of each chunk of 64 logits, made once per width."""
+    return torch.arange(chunks * _TOP_CHUNK, device=device).view(chunks, _TOP_CHUNK)
 
 
 @functools.cache

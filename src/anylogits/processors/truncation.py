@@ -119,11 +119,12 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
         following = values.gather(-1, ranks.clamp(max=values.shape[-1] - 1))
     if k_max == width:
         return _TopK(kth, None)
-    # A row is exact unless the next logit ties the k-th; if that is -inf, every finite
-    # logit is among the candidates. A row with NaN (ranked first by topk, dropped by
-    # the full path) is not exact.
-    exact = (following < kth).logical_or_(kth == float("-inf"))
-    exact = exact.logical_and_(values[:, :1] >= kth).squeeze(-1)
+    # A row is exact unless the next logit ties the k-th; if that is -inf (clamped to
+    # the lowest float here), every finite logit is among the candidates. A row with NaN
+    # (ranked first by topk, dropped by the full path; `minimum` propagates it) is not
+    # exact, nor is a row of -inf only (no finite logit: the full path keeps it whole).
+    bound = torch.minimum(kth.clamp(min=torch.finfo(kth.dtype).min), values[:, :1])
+    exact = (following < bound).squeeze(-1)
     kept = values[:, :k_max]
     if ks is not None:  # rows with a smaller k drop their candidates below their k-th
         kept = torch.where(kept >= kth, kept, float("-inf"))
