@@ -206,7 +206,6 @@ class CandidateSetSampler:
         # The processors run on a contiguous copy (only the kept candidates need writing
         # back).
         scores = self._logits(records)
-        logits = scores.numpy()
         input_ids = self.model._input_ids
         if len(self.processors) == 1 and isinstance(self.processors[0], LlamaCppLogitsProcessor):
             # Ours alone: a pipeline ending on candidates hands them over, unwritten.
@@ -224,6 +223,7 @@ class CandidateSetSampler:
                 _hand_over(candidates, records, columns[order], values[order])
                 return
         else:
+            logits = scores.numpy()
             for processor in self.processors:
                 logits[:] = processor(input_ids, logits)
         finite = scores != float("-inf")

@@ -80,12 +80,9 @@ def host_read(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
     return None
 
 
-class HostReads(TorchFunctionMode):
-    """Counts the host reads made while it is active, by kind."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kinds: collections.Counter[str] = collections.Counter()
+class TorchCallObserver(TorchFunctionMode):
+    """Runs every torch function called while it is active, after showing it to
+    :meth:`observe` (what the subclasses count or record)."""
 
     def __torch_function__(
         self,
@@ -95,17 +92,35 @@ class HostReads(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        self.observe(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def observe(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
+        raise NotImplementedError
+
+
+class HostReads(TorchCallObserver):
+    """Counts the host reads made while it is active, by kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: collections.Counter[str] = collections.Counter()
+
+    def observe(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
         kind = host_read(func, args, kwargs)
         if kind is not None:
             self.kinds[kind] += 1
-        return func(*args, **kwargs)
 
     @property
     def total(self) -> int:
         return sum(self.kinds.values())
 
 
-class TorchCalls(TorchFunctionMode):
+class TorchCalls(TorchCallObserver):
     """The names of the torch functions and methods called while it is active, in order
     (to show which operations a path makes, e.g. that it copies or sorts nothing)."""
 
@@ -113,12 +128,7 @@ class TorchCalls(TorchFunctionMode):
         super().__init__()
         self.names: list[str] = []
 
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def observe(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
         self.names.append(getattr(func, "__name__", repr(func)))
-        return func(*args, **(kwargs or {}))
