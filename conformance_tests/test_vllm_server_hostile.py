@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from anylogits.core.limits import limits  # noqa: E402
 from anylogits.testing.hostile import (  # noqa: E402
     OVERSIZED,
     REQUEST_LEVEL,
+    STRUCTURED,
     largest_alternatives_grammar,
     nested,
 )
@@ -41,6 +43,7 @@ ORDINARY_TOKENS = 32
 REFUSED_WITHIN_S = 2.0
 SLOWDOWN = 3.0  # the ordinary request's latency while a hostile one runs, at most x baseline
 ACCEPTED_WITHIN_S = 10.0  # an at-limit request's whole answer (8 tokens)
+FRONTEND_GROWTH_MB = 100  # the API server's resident memory over the whole suite, at most
 
 
 def _plain(client: Any) -> str:
@@ -67,6 +70,20 @@ def baseline(client: Any, server: Server, plain_text: str) -> float:
 @pytest.fixture(scope="module")
 def plain_text(client: Any, server: Server) -> str:
     return _plain(client)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+@pytest.fixture(scope="module")
+def frontend_rss_mb(server: Server, baseline: float) -> float:
+    """The API server's (the frontend's) resident memory before the hostile requests,
+    once it has served ordinary ones."""
+    return _rss_mb(server.process.pid)
 
 
 def _hostile(client: Any, payload: Any) -> tuple[float, Any]:
@@ -117,6 +134,8 @@ def _bodies() -> dict[str, tuple[Any, str, str | None]]:
         cases[name] = (json.dumps([build()]), limit, field)
     for name, (text, limit) in REQUEST_LEVEL.items():
         cases[name] = (text, limit, None)
+    for name, (spec, limit, named) in STRUCTURED.items():
+        cases[f"structured.{name}"] = (json.dumps([spec]), limit, named)
     return cases
 
 
@@ -125,7 +144,7 @@ BODIES = _bodies()
 
 @pytest.mark.parametrize("case", sorted(BODIES))
 def test_hostile_spec_is_refused_at_once_and_others_are_served(
-    case: str, client: Any, server: Server, baseline: float
+    case: str, client: Any, server: Server, baseline: float, frontend_rss_mb: float
 ) -> None:
     payload, limit, field = BODIES[case]
     seconds, result, ordinary = _alongside(client, server, lambda: _hostile(client, payload))
@@ -201,11 +220,13 @@ def test_request_at_the_limits_is_served_without_stalling_others(
 
 
 def test_server_still_serves_and_its_log_is_clean(
-    client: Any, server: Server, plain_text: str
+    client: Any, server: Server, plain_text: str, frontend_rss_mb: float
 ) -> None:
     """Run last (file order)."""
     assert _plain(client) == plain_text
     server.check_alive()
+    grown = _rss_mb(server.process.pid) - frontend_rss_mb
+    assert grown < FRONTEND_GROWTH_MB, f"the frontend grew {grown:.0f} MB over the suite"
     log = server.log_path.read_text(errors="replace")
     for fatal in ("EngineDeadError", "Traceback", "EngineCore encountered a fatal error"):
         assert fatal not in log, server.log_tail()

@@ -217,6 +217,21 @@ def test_an_engine_failure_raises_instead_of_ending_the_sequence() -> None:
         Pipeline([Choice(["ab"])], vocab)(torch.zeros(1, EOS + 1), torch.tensor([[0]]))
 
 
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        ("root ::= r0\nr0 ::= r0\n", "gbnf"),  # found by the fuzzer: compiles, allows nothing
+        ("start: a\na: a", "lark"),
+    ],
+)
+def test_a_grammar_that_allows_no_output_is_refused_before_generation(
+    grammar: tuple[str, str],
+) -> None:
+    processor = Grammar(grammar[0], syntax=grammar[1])  # validation passes: it compiles
+    with pytest.raises(ValueError, match="the grammar allows no output"):
+        Pipeline([processor], VOCAB)
+
+
 def test_a_processor_without_vocabulary_says_what_to_pass() -> None:
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         Pipeline([Regex("a")])(torch.zeros(1, 4), torch.tensor([[0]]))

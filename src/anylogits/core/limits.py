@@ -56,6 +56,13 @@ class Limits:
     grammar_step_fuel: int = 200_000
     grammar_step_items: int = 50_000
     grammar_size: int = 500_000
+    schema_items: int = 10_000
+    string_length: int = 65_536
+    repeat_count: int = 10_000
+    alternatives: int = 4096
+    grammar_rules: int = 1024
+    grammar_check_mb: int = 512
+    grammar_check_ms: int = 500
 
 
 REASONS: dict[str, str] = {
@@ -91,6 +98,25 @@ REASONS: dict[str, str] = {
     "(~20k per ms). llguidance's default.",
     "grammar_size": "llguidance's max_grammar_size: symbols in a grammar's productions. "
     "llguidance's default.",
+    "schema_items": "a JSON schema's minItems, maxItems, minContains, maxContains, "
+    "minProperties and maxProperties. llguidance 1.7 (vLLM's pin) allocates per item when "
+    "it compiles: maxItems 1e9 aborted a vLLM API server, 1e7 held it 11 s and 1.3 GB, "
+    "1e5 costs 0.2 s and 110 MB, 1e4 ~20 ms. Real schemas (JSONSchemaBench) use <= 2.",
+    "string_length": "a JSON schema's minLength and maxLength. Compiled lazily (1e9 costs "
+    "no memory), bounded all the same; real schemas use up to 32,767.",
+    "repeat_count": "the product of nested counted repetitions (regex {n,m}, Lark ~n / "
+    "{n,m}, GBNF {n,m}, through rule references): ((a{100}){100}){100} makes llguidance "
+    "tokenize a million-byte forced literal (~0.7 s). One level up to 10,000 is ~20 ms.",
+    "alternatives": "branches of one alternation (regex a|b|..., a grammar rule's | "
+    "alternatives, anyOf / oneOf / allOf / enum are bounded by 'items'). The largest "
+    "grammar within 'grammar_chars' has ~2,700.",
+    "grammar_rules": "rules and terminals of one Lark or GBNF grammar; llama.cpp's own "
+    "JSON grammar has 10.",
+    "grammar_check_mb": "address space (MB) of the child process in which a grammar is "
+    "first validated: a grammar whose compilation needs more is refused, instead of "
+    "aborting the process that validates it (llguidance's allocation failures abort).",
+    "grammar_check_ms": "wall clock (ms) for that validation (usually under 5 ms); "
+    "validating runs in a server's request path, where every client waits for it.",
 }
 
 _current: Limits | None = None
@@ -163,7 +189,7 @@ def override(**changes: int) -> Iterator[Limits]:
         _install(previous)
 
 
-def exceeded(field: str, size: int, limit: str, unit: str | None = "items") -> ValueError:
+def exceeded(field: str, size: float, limit: str, unit: str | None = "items") -> ValueError:
     """The error for ``field`` holding ``size`` units (or, with ``unit=None``, being the
     number ``size``) where ``limit`` allows less."""
     bound = getattr(limits(), limit)

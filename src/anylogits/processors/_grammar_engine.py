@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 import torch
 
-from anylogits.core.limits import llguidance_limits
+from anylogits.core.limits import limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
+from anylogits.processors._grammar_guard import GrammarCheckFailed, guarded_validation
 
 
 class GrammarEngine(Protocol):
@@ -119,17 +120,18 @@ def _parser_limits(budget: dict[str, int]) -> Any:
 
 
 @functools.lru_cache(maxsize=1024)
-def _validation_error(grammar: str, budget: tuple[tuple[str, int], ...]) -> str | None:
+def _validation_error(
+    grammar: str, budget: tuple[tuple[str, int], ...], guard: tuple[int, int]
+) -> str | None:
     """llguidance's error for ``grammar`` under ``budget``, or ``None``; remembered, since
     a server validates each request's grammar in its frontend before the engine compiles
-    the same grammar again."""
-    llguidance = load_llguidance()
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        grammar, limits=_parser_limits(dict(budget))
-    )
-    if is_error:
-        return messages[0] if messages else "the grammar does not compile"
-    return None
+    the same grammar again. Validated in the guarded child process, under ``guard`` (its
+    memory and time budget): a grammar over either is an error too, remembered as well,
+    so that sending it again costs nothing."""
+    try:
+        return guarded_validation(grammar, dict(budget))
+    except GrammarCheckFailed as error:
+        return str(error)
 
 
 class LLGuidanceEngine:
@@ -144,7 +146,9 @@ class LLGuidanceEngine:
         self._executor: Any = None
 
     def check(self, grammar: str) -> None:
-        error = _validation_error(grammar, tuple(llguidance_limits().items()))
+        current = limits()
+        guard = (current.grammar_check_mb, current.grammar_check_ms)
+        error = _validation_error(grammar, tuple(llguidance_limits().items()), guard)
         if error is not None:
             raise ValueError(error)
 
@@ -172,6 +176,15 @@ class LLGuidanceEngine:
             )
             if template.is_error():
                 raise ValueError(template.get_error())
+            # A grammar can compile and still allow no first token (`root ::= r0`,
+            # `r0 ::= r0`): refuse it here, before generation, not at its first mask.
+            probe = template.deep_copy()
+            probe.compute_bitmask()
+            if probe.is_error():
+                reason = probe.get_error().splitlines()[0]
+                if reason.startswith("panic"):  # the engine failed, not the grammar
+                    raise RuntimeError(f"llguidance failed to compute a mask: {reason}")
+                raise ValueError(f"the grammar allows no output ({reason})")
             if len(self._compiled) >= 256:  # bounded: a server sees endless schemas
                 self._compiled.pop(next(iter(self._compiled)))
             self._compiled[key] = template

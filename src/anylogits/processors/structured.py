@@ -19,6 +19,7 @@ from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._bitmask import apply_bitmask, pack_bits
+from anylogits.processors._grammar_bounds import check_lark, check_regex, check_schema
 from anylogits.processors._grammar_engine import ENGINE, load_llguidance
 from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
 
@@ -101,6 +102,7 @@ class Regex(_Grammar):
         if not isinstance(pattern, str):
             raise ValueError(f"pattern must be a string, got {pattern!r}")
         check_text("pattern", pattern, "grammar_chars")
+        check_regex(pattern, "pattern")
         self.pattern = pattern
         self._set_grammar(
             load_llguidance().LLMatcher.grammar_from_regex(pattern), f"regex {pattern!r}"
@@ -149,6 +151,7 @@ class JSONSchema(_Grammar):
             )
         check_json_value(schema, "schema")
         check_size("schema", len(json.dumps(schema)), "grammar_chars", "bytes of JSON")
+        check_schema(schema)
         if not isinstance(flexible_whitespace, bool):
             raise ValueError(f"flexible_whitespace must be a bool, got {flexible_whitespace!r}")
         self.schema = schema
@@ -234,6 +237,8 @@ class Grammar(_Grammar):
             compiled = llguidance.grammar_from(syntax, grammar)
         except ValueError as error:
             raise ValueError(f"Grammar: the {syntax} grammar does not convert: {error}") from None
+        # GBNF arrives converted to llguidance's Lark: one reader bounds both.
+        check_lark(compiled, "grammar")
         self._set_grammar(compiled, f"the {syntax} grammar")
 
     def config(self) -> dict[str, Any]:

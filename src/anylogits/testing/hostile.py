@@ -288,3 +288,76 @@ REQUEST_LEVEL: dict[str, tuple[str, str]] = {
     "nested_5000": (nested(5000), "spec_depth"),
     "nested_65": (nested(65), "spec_depth"),
 }
+
+
+def _array_schema(keyword: str, count: int) -> dict[str, Any]:
+    return {"type": "array", keyword: count, "items": {"type": "integer"}}
+
+
+# Structured specs whose counts cost memory or time inside the grammar engine: the three
+# schemas of issue 25 (a ~100-byte request that made llguidance 1.7 allocate without bound
+# in vLLM's API server, OOM-killed at 21 GB; minItems 1e7 held it 11 s), and what the
+# structured fuzzer found since. Each is refused naming its limit, on every llguidance.
+# (spec, the limit that refuses it, the text the message names)
+STRUCTURED: dict[str, tuple[dict[str, Any], str, str]] = {
+    "schema_max_items_1e9": (
+        {"type": "json_schema", "schema": _array_schema("maxItems", 10**9)},
+        "schema_items",
+        "schema['maxItems'] is 1000000000",
+    ),
+    "schema_min_items_1e9": (
+        {"type": "json_schema", "schema": _array_schema("minItems", 10**9)},
+        "schema_items",
+        "schema['minItems'] is 1000000000",
+    ),
+    "schema_min_items_1e7": (
+        {"type": "json_schema", "schema": _array_schema("minItems", 10**7)},
+        "schema_items",
+        "schema['minItems'] is 10000000",
+    ),
+    "schema_nested_max_contains": (
+        {
+            "type": "json_schema",
+            "schema": {"type": "object", "properties": {"a": {"maxContains": 10**6}}},
+        },
+        "schema_items",
+        "schema['properties']['a']['maxContains']",
+    ),
+    "schema_max_length_1e9": (
+        {"type": "json_schema", "schema": {"type": "string", "maxLength": 10**9}},
+        "string_length",
+        "schema['maxLength'] is 1000000000",
+    ),
+    "schema_pattern_nested_counts": (
+        {"type": "json_schema", "schema": {"type": "string", "pattern": "^((a{100}){100}){100}$"}},
+        "repeat_count",
+        "schema['pattern'] is 1000000",
+    ),
+    "regex_nested_counts": (
+        {"type": "regex", "pattern": "((a{100}){100}){100}"},
+        "repeat_count",
+        "in pattern is 1000000",
+    ),
+    "lark_counts_through_rules": (
+        {"type": "grammar", "grammar": 'start: x~1000\nx: y~1000\ny: "a"~1000'},
+        "repeat_count",
+        "in grammar is 1000000000",
+    ),
+    "lark_embedded_schema": (
+        {
+            "type": "grammar",
+            "grammar": "start: %json" + json.dumps(_array_schema("maxItems", 10**9)),
+        },
+        "schema_items",
+        "(%json block)['maxItems'] is 1000000000",
+    ),
+    "gbnf_counts_through_rules": (
+        {
+            "type": "grammar",
+            "syntax": "gbnf",
+            "grammar": 'root ::= x{1000}\nx ::= y{1000}\ny ::= "a"{1000}',
+        },
+        "repeat_count",
+        "in grammar is 1000000000",
+    ),
+}

@@ -1,0 +1,176 @@
+"""A grammar's first validation, in a child process under a memory and a time budget.
+
+The bounds of :mod:`anylogits.processors._grammar_bounds` cover every count we know of;
+this guards against the ones nobody thought of. llguidance is Rust: when an allocation
+fails it aborts the whole process (llguidance 1.7 compiling ``maxItems: 1e9`` asked for
+4 GB, and a vLLM API server died with it, for every client). So the first validation
+of each grammar runs in a small child process (Python and llguidance only, no torch)
+whose address space is capped at its idle size plus ``grammar_check_mb`` and whose
+answer is awaited at most ``grammar_check_ms``. A grammar over either budget is refused
+with a ``ValueError`` naming the limit; the child is then replaced, and the process that
+asked (a server's frontend, an engine) is untouched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from anylogits.core.limits import ENVIRONMENT_VARIABLE, limits
+
+STARTUP_TIMEOUT_S = 60.0
+
+# The child: reads one JSON request per line, answers one JSON line. It caps its own
+# address space once llguidance is loaded and warm, so the budget is what a grammar adds.
+_CHILD = r"""
+import ctypes, json, resource, signal, sys
+try:  # die with the parent, even when it is killed
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except Exception:
+    pass
+import llguidance
+
+def validate(grammar, budget):
+    limits = llguidance.LLParserLimits(**budget, verbose_errors=False)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=limits)
+    if is_error:
+        return messages[0] if messages else "the grammar does not compile"
+    return None
+
+validate('start: "a"', {})
+with open("/proc/self/status") as status:
+    size = next(int(l.split()[1]) * 1024 for l in status if l.startswith("VmSize:"))
+limit = size + int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+sys.stdout.write("ready\n")
+sys.stdout.flush()
+for line in sys.stdin:
+    request = json.loads(line)
+    try:
+        answer = {"error": validate(request["grammar"], request["limits"])}
+    except Exception as error:
+        answer = {"error": f"the grammar engine failed: {error}"}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class GrammarCheckFailed(ValueError):
+    """The grammar went over the memory or time budget of its validation."""
+
+
+class GuardedValidator:
+    """One checking child per process, started on first use, replaced after a failure
+    (or when this process was forked from the one that started it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._owner = 0
+        self._budget = 0
+        self._warming = 0
+
+    def validate(self, grammar: str, budget: dict[str, int]) -> str | None:
+        """llguidance's error for ``grammar`` under ``budget`` (``None`` if it compiles).
+
+        Raises:
+            GrammarCheckFailed: the validation needed more memory or time than allowed.
+        """
+        current = limits()
+        with self._lock:
+            process = self._running(current.grammar_check_mb << 20)
+            assert process.stdin is not None and process.stdout is not None
+            request = json.dumps({"grammar": grammar, "limits": budget}) + "\n"
+            try:
+                process.stdin.write(request.encode())
+                process.stdin.flush()
+                ready, _, _ = select.select(
+                    [process.stdout], [], [], current.grammar_check_ms / 1000
+                )
+                line = process.stdout.readline() if ready else None
+            except (BrokenPipeError, OSError):
+                line = b""
+            if line:
+                return json.loads(line)["error"]
+            self._stop()
+        if line is None:
+            raise GrammarCheckFailed(
+                f"the grammar takes longer than {current.grammar_check_ms} ms to compile "
+                f"(anylogits limit 'grammar_check_ms'; raise it with {ENVIRONMENT_VARIABLE}="
+                "'{\"grammar_check_ms\": N}')"
+            )
+        raise GrammarCheckFailed(
+            f"the grammar needs more than {current.grammar_check_mb} MB to compile (anylogits "
+            f"limit 'grammar_check_mb'; raise it with {ENVIRONMENT_VARIABLE}="
+            "'{\"grammar_check_mb\": N}')"
+        )
+
+    def warm(self) -> None:
+        """Start the checking process now (~60 ms), so that the first structured request
+        does not pay for it; servers call it from a background thread at start."""
+        with self._lock:
+            self._running(limits().grammar_check_mb << 20)
+
+    def warm_in_background(self) -> None:
+        """:meth:`warm` in a daemon thread, once per process."""
+        if self._warming != os.getpid():
+            self._warming = os.getpid()
+            threading.Thread(target=self.warm, name="anylogits-grammar-check", daemon=True).start()
+
+    def _running(self, budget: int) -> subprocess.Popen[bytes]:
+        if self._process is not None and self._owner != os.getpid():
+            self._process = None  # a forked copy's: its pipes belong to the parent
+        if self._process is not None and (
+            self._budget != budget or self._process.poll() is not None
+        ):
+            self._stop()
+        if self._process is None:
+            self._process = self._start(budget)
+            self._owner, self._budget = os.getpid(), budget
+        return self._process
+
+    @staticmethod
+    def _start(budget: int) -> subprocess.Popen[bytes]:
+        environment = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+        process = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(budget)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            # An abort's message (Rust's "memory allocation failed") is not the server's.
+            stderr=subprocess.DEVNULL,
+            env=environment,
+        )
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], STARTUP_TIMEOUT_S)
+        if not ready or process.stdout.readline() != b"ready\n":
+            process.kill()
+            process.wait()
+            raise RuntimeError(
+                "the grammar checking process did not start (is llguidance installed?)"
+            )
+        return process
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and self._owner == os.getpid():
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+GUARD = GuardedValidator()
+atexit.register(GUARD.close)
+
+
+def guarded_validation(grammar: str, budget: dict[str, Any]) -> str | None:
+    """:meth:`GuardedValidator.validate` on the process-wide checker."""
+    return GUARD.validate(grammar, budget)
