@@ -215,44 +215,49 @@ def json_schemas(draw: Any) -> Any:
 # ---- Lark and GBNF grammars ------------------------------------------------------------
 
 
+def _rule_bodies(
+    atom: st.SearchStrategy[str], repeat: st.SearchStrategy[str], *, optionals: bool
+) -> st.SearchStrategy[str]:
+    """Sequences of atoms and groups, each with a repeat (and Lark's ``[...]``)."""
+    items = [
+        st.tuples(atom, repeat).map("".join),
+        st.tuples(st.lists(atom, min_size=1, max_size=3), repeat).map(
+            lambda parts: "(" + " | ".join(parts[0]) + ")" + parts[1]
+        ),
+    ]
+    if optionals:
+        items.append(st.lists(atom, min_size=1, max_size=2).map(lambda a: "[" + " ".join(a) + "]"))
+    return st.lists(st.one_of(*items), min_size=1, max_size=4).map(" ".join)
+
+
 @st.composite
 def lark_grammars(draw: Any) -> str:
     """Rules r0..rn (r0 is the start) whose alternatives mix literals, regexes,
     references (recursion included), groups, counted repeats and embedded JSON schemas."""
-    rule_count = draw(st.integers(1, 4))
-    names = [f"r{i}" for i in range(rule_count)]
+    names = [f"r{i}" for i in range(draw(st.integers(1, 4)))]
     literal = st.sampled_from(['"a"', '"b"', '"ab"', '"{"', '"\\""', '"é"', '"a"i'])
     regex_token = regexes.map(lambda r: "/" + r.replace("/", "\\/") + "/")
-    reference = st.sampled_from(names)
-    atom = st.one_of(literal, regex_token, reference)
     repeat = st.one_of(
         st.sampled_from(["", "*", "+", "?"]),
         counts.map(lambda n: f"~{n}"),
         st.tuples(counts, counts).map(lambda c: f"~{min(c)}..{max(c)}"),
         counts.map(lambda n: f"{{{n}}}"),
     )
-    item = st.one_of(
-        st.tuples(atom, repeat).map("".join),
-        st.tuples(st.lists(atom, min_size=1, max_size=3), repeat).map(
-            lambda parts: "(" + " | ".join(parts[0]) + ")" + parts[1]
-        ),
-        st.lists(atom, min_size=1, max_size=2).map(lambda a: "[" + " ".join(a) + "]"),
-    )
-    sequence = st.lists(item, min_size=1, max_size=4).map(" ".join)
-    rules = []
-    for name in names:
-        alternatives = draw(st.lists(sequence, min_size=1, max_size=3))
-        rules.append(f"{name}: " + "\n    | ".join(alternatives))
+    atom = st.one_of(literal, regex_token, st.sampled_from(names))
+    body = _rule_bodies(atom, repeat, optionals=True)
+    rules = [
+        f"{name}: " + "\n    | ".join(draw(st.lists(body, min_size=1, max_size=3)))
+        for name in names
+    ]
     if draw(st.integers(0, 3)) == 0:
-        rules.append(f"r{rule_count}: %json " + json.dumps(draw(json_schemas())))
-        rules[0] += f" r{rule_count}"
+        rules.append(f"r{len(names)}: %json " + json.dumps(draw(json_schemas())))
+        rules[0] += f" r{len(names)}"
     return "start: r0\n" + "\n".join(rules) + "\n"
 
 
 @st.composite
 def gbnf_grammars(draw: Any) -> str:
-    rule_count = draw(st.integers(1, 4))
-    names = [f"r{i}" for i in range(rule_count)]
+    names = [f"r{i}" for i in range(draw(st.integers(1, 4)))]
     atom = st.one_of(
         st.sampled_from(['"a"', '"b"', '"ab"', "[a-z]", "[^\\n]", "[0-9]", '"\\""']),
         st.sampled_from(names),
@@ -263,24 +268,19 @@ def gbnf_grammars(draw: Any) -> str:
         st.tuples(counts, counts).map(lambda c: f"{{{min(c)},{max(c)}}}"),
         counts.map(lambda n: f"{{{n},}}"),
     )
-    item = st.one_of(
-        st.tuples(atom, repeat).map("".join),
-        st.tuples(st.lists(atom, min_size=1, max_size=3), repeat).map(
-            lambda parts: "(" + " | ".join(parts[0]) + ")" + parts[1]
-        ),
-    )
-    sequence = st.lists(item, min_size=1, max_size=4).map(" ".join)
-    rules = ["root ::= r0"]
-    for name in names:
-        rules.append(f"{name} ::= " + " | ".join(draw(st.lists(sequence, min_size=1, max_size=3))))
-    return "\n".join(rules) + "\n"
+    body = _rule_bodies(atom, repeat, optionals=False)
+    rules = [
+        f"{name} ::= " + " | ".join(draw(st.lists(body, min_size=1, max_size=3))) for name in names
+    ]
+    return "root ::= r0\n" + "\n".join(rules) + "\n"
 
 
-def structured_specs() -> st.SearchStrategy[dict[str, Any]]:
-    """A spec of every structured type, as a client sends it."""
-    return st.one_of(
-        json_schemas().map(lambda schema: {"type": "json_schema", "schema": schema}),
-        regexes.map(lambda pattern: {"type": "regex", "pattern": pattern}),
-        lark_grammars().map(lambda text: {"type": "grammar", "grammar": text}),
-        gbnf_grammars().map(lambda text: {"type": "grammar", "grammar": text, "syntax": "gbnf"}),
-    )
+# Every structured type, as a client sends it: the fuzzer draws from each.
+SPECS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
+    "json_schema": json_schemas().map(lambda schema: {"type": "json_schema", "schema": schema}),
+    "regex": regexes.map(lambda pattern: {"type": "regex", "pattern": pattern}),
+    "lark": lark_grammars().map(lambda text: {"type": "grammar", "grammar": text}),
+    "gbnf": gbnf_grammars().map(
+        lambda text: {"type": "grammar", "grammar": text, "syntax": "gbnf"}
+    ),
+}

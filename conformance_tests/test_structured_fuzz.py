@@ -27,14 +27,9 @@ pytest.importorskip("transformers")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anylogits.testing.hostile import STRUCTURED
+from anylogits.testing.hostile import FOUND_BY_FUZZING, STRUCTURED
 from conformance_tests.structured_fuzz import FuzzWorker
-from conformance_tests.structured_strategies import (
-    gbnf_grammars,
-    json_schemas,
-    lark_grammars,
-    regexes,
-)
+from conformance_tests.structured_strategies import SPECS
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers", "vllm")]
 
@@ -44,14 +39,6 @@ EXAMPLES = int(os.environ.get("ANYLOGITS_FUZZ_EXAMPLES", "40"))
 DERANDOMIZE = os.environ.get("ANYLOGITS_FUZZ_RANDOM", "") != "1"
 
 ORDINARY = {"type": "regex", "pattern": "[0-9]{3}-[0-9]{4}"}
-SPECS = {
-    "json_schema": json_schemas().map(lambda schema: {"type": "json_schema", "schema": schema}),
-    "regex": regexes.map(lambda pattern: {"type": "regex", "pattern": pattern}),
-    "lark": lark_grammars().map(lambda text: {"type": "grammar", "grammar": text}),
-    "gbnf": gbnf_grammars().map(
-        lambda text: {"type": "grammar", "grammar": text, "syntax": "gbnf"}
-    ),
-}
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +86,13 @@ def test_every_structured_spec_the_fuzzer_found_is_refused_naming_its_limit(
     outcome = worker.run(spec)
     assert outcome.kind == "refused", outcome
     assert f"anylogits limit {limit!r}" in outcome.detail and named in outcome.detail, outcome
+
+
+@pytest.mark.parametrize("case", sorted(FOUND_BY_FUZZING))
+def test_every_failure_the_fuzzer_found_is_now_refused_or_served(
+    worker: FuzzWorker, case: str
+) -> None:
+    _check(worker, FOUND_BY_FUZZING[case])
 
 
 def test_the_harness_fails_an_exception_a_death_and_a_stall_and_starts_afresh(

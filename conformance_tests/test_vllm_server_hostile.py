@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -140,6 +141,8 @@ def _bodies() -> dict[str, tuple[Any, str, str | None]]:
 
 
 BODIES = _bodies()
+# case -> (seconds to the 400, the ordinary request's latency / its baseline)
+REFUSALS: dict[str, tuple[float, float]] = {}
 
 
 @pytest.mark.parametrize("case", sorted(BODIES))
@@ -148,6 +151,7 @@ def test_hostile_spec_is_refused_at_once_and_others_are_served(
 ) -> None:
     payload, limit, field = BODIES[case]
     seconds, result, ordinary = _alongside(client, server, lambda: _hostile(client, payload))
+    REFUSALS[case] = (seconds, ordinary / baseline)
     _assert_refused(result, seconds, limit, field)
     assert ordinary < SLOWDOWN * baseline, (ordinary, baseline)
 
@@ -226,6 +230,15 @@ def test_server_still_serves_and_its_log_is_clean(
     assert _plain(client) == plain_text
     server.check_alive()
     grown = _rss_mb(server.process.pid) - frontend_rss_mb
+    if REFUSALS:
+        slowest = max(REFUSALS, key=lambda case: REFUSALS[case][0])
+        slowed = max(REFUSALS, key=lambda case: REFUSALS[case][1])
+        print(
+            f"\n{len(REFUSALS)} hostile requests: slowest 400 {REFUSALS[slowest][0]:.3f} s "
+            f"({slowest}); ordinary request at most {REFUSALS[slowed][1]:.2f}x its baseline "
+            f"({slowed}); frontend RSS {frontend_rss_mb:.0f} MB, then {grown:+.0f} MB",
+            file=sys.stderr,
+        )
     assert grown < FRONTEND_GROWTH_MB, f"the frontend grew {grown:.0f} MB over the suite"
     log = server.log_path.read_text(errors="replace")
     for fatal in ("EngineDeadError", "Traceback", "EngineCore encountered a fatal error"):

@@ -60,13 +60,17 @@ def _schemas() -> dict[str, Any]:
     return named | {f"fuzzed_{index:02d}": s for index, s in enumerate(_fuzzed(SAMPLE))}
 
 
-def _outcome(client: Any, server: Server, **extra: Any) -> str:
+def _outcome(client: Any, server: Server, **extra: Any) -> tuple[str, str]:
+    """(the status or what went wrong, the error's message)."""
+    message = ""
     try:
         client.with_options(timeout=TIMEOUT_S).chat.completions.create(
             model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0.0, **extra
         )
     except openai.APIStatusError as error:
         outcome = str(error.status_code)
+        body = error.body if isinstance(error.body, dict) else {}
+        message = str(body.get("message", ""))[:200]
     except openai.APITimeoutError:
         outcome = "timeout"
     except openai.APIConnectionError:
@@ -74,8 +78,8 @@ def _outcome(client: Any, server: Server, **extra: Any) -> str:
     else:
         outcome = "200"
     if server.process.poll() is not None:
-        return f"{outcome}, server died"
-    return outcome
+        outcome = f"{outcome}, server died"
+    return outcome, message
 
 
 def test_anylogits_answers_every_schema_that_vllms_own_path_is_sent(
@@ -84,7 +88,7 @@ def test_anylogits_answers_every_schema_that_vllms_own_path_is_sent(
     rows: list[tuple[str, str, str]] = []
     killed_by_vllm = None
     for name, schema in _schemas().items():
-        ours = _outcome(
+        ours, our_message = _outcome(
             client,
             server,
             extra_body={
@@ -94,7 +98,7 @@ def test_anylogits_answers_every_schema_that_vllms_own_path_is_sent(
         assert ours in ("200", "400"), f"{name}: anylogits answered {ours}: {json.dumps(schema)}"
         if name in STRUCTURED:
             assert ours == "400", name
-        native = _outcome(
+        native, native_message = _outcome(
             client,
             server,
             response_format={
@@ -103,6 +107,13 @@ def test_anylogits_answers_every_schema_that_vllms_own_path_is_sent(
             },
         )
         rows.append((name, ours, native))
+        if ours != native:
+            print(
+                f"\n{name}: anylogits {ours} {our_message!r}; vLLM {native} {native_message!r}",
+                file=sys.stderr,
+            )
+        if native not in ("200", "400"):
+            print(f"\nvLLM's own path answered {native}: {json.dumps(schema)}", file=sys.stderr)
         if server.process.poll() is not None:
             killed_by_vllm = name
             break

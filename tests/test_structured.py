@@ -232,6 +232,38 @@ def test_a_grammar_that_allows_no_output_is_refused_before_generation(
         Pipeline([processor], VOCAB)
 
 
+def test_a_grammar_over_its_per_token_budget_ends_its_own_sequence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by the fuzzer: a grammar can compile, start, and later need more Earley
+    items for one token than `grammar_step_items` allows. Over the budget at the first
+    token it is refused before generation; later, its sequence ends (EOS only), as on a
+    server, with a warning naming the limit."""
+    from anylogits.core.limits import override
+
+    grammar = 'start: r0\nr0: (/[a-c]/)~3 r0{2} r0~4 ["a"]\n    | [/[0-9]/]\n'
+    with override(grammar_step_items=3), pytest.raises(ValueError, match="first token needs"):
+        Pipeline([Grammar(grammar)], VOCAB)
+    for budget in (20, 30, 50):  # the first that lets the grammar start (by llguidance)
+        with override(grammar_step_items=budget):
+            try:
+                pipeline = Pipeline([Grammar(grammar)], VOCAB)
+            except ValueError:
+                continue
+            ids = [0]
+            with caplog.at_level("WARNING"):
+                for _ in range(12):
+                    out = pipeline(torch.zeros(1, EOS + 1), torch.tensor([ids]))
+                    allowed = torch.nonzero(out[0] > float("-inf")).flatten().tolist()
+                    if allowed == [EOS]:
+                        break
+                    ids.append(allowed[0])
+            assert allowed == [EOS], (budget, ids)
+            assert "anylogits limits 'grammar_step_items'" in caplog.text
+            return
+    pytest.fail("no budget let the grammar start")
+
+
 def test_a_processor_without_vocabulary_says_what_to_pass() -> None:
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         Pipeline([Regex("a")])(torch.zeros(1, 4), torch.tensor([[0]]))

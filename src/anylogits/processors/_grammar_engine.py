@@ -9,6 +9,7 @@ CPU into a packed ``(B, ceil(V/32))`` int32 bitmask, the layout of
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 from typing import Any, Protocol
@@ -18,6 +19,8 @@ import torch
 from anylogits.core.limits import limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._grammar_guard import GrammarCheckFailed, guarded_validation
+
+logger = logging.getLogger(__name__)
 
 
 class GrammarEngine(Protocol):
@@ -46,10 +49,11 @@ class GrammarEngine(Protocol):
         """The engine's tokenizer for ``vocab``, built once per vocabulary (engines build
         it ahead of the first structured request)."""
 
-    def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+    def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> list[int]:
         """For each ``(matcher, row)``, write the matcher's allowed tokens into that row
-        of the packed bitmask; a matcher appears at most once. Raise ``RuntimeError`` if
-        the engine fails."""
+        of the packed bitmask; a matcher appears at most once. Return the rows whose
+        matcher ran out of its per-token budget (their sequences end); raise
+        ``RuntimeError`` if the engine fails otherwise."""
 
 
 def load_llguidance() -> Any:
@@ -184,6 +188,11 @@ class LLGuidanceEngine:
                 reason = probe.get_error().splitlines()[0]
                 if reason.startswith("panic"):  # the engine failed, not the grammar
                     raise RuntimeError(f"llguidance failed to compute a mask: {reason}")
+                if any(sign in reason for sign in _BUDGET_ERRORS):
+                    raise ValueError(
+                        "the grammar's first token needs more than its per-token budget "
+                        f"(anylogits limits 'grammar_step_items', 'grammar_step_fuel'): {reason}"
+                    )
                 raise ValueError(f"the grammar allows no output ({reason})")
             if len(self._compiled) >= 256:  # bounded: a server sees endless schemas
                 self._compiled.pop(next(iter(self._compiled)))
@@ -206,9 +215,9 @@ class LLGuidanceEngine:
     def vocab_size(self, vocab: Vocabulary) -> int:
         return int(self.tokenizer(vocab).vocab_size)
 
-    def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+    def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> list[int]:
         if not work:
-            return
+            return []
         if self._executor is None:
             self._executor = load_llguidance().LLExecutor()
         on_cpu = bitmask.device.type == "cpu"
@@ -217,12 +226,26 @@ class LLGuidanceEngine:
         rows, words = bitmask.shape
         # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
         self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
-        for matcher, _ in work:
-            # Only refused tokens end sequences here (they are never consumed), so an
-            # error state is a failure inside the engine, such as the tokenizer it calls
-            # back having been freed: raise rather than quietly force EOS.
+        over_budget = []
+        for matcher, row in work:
+            # Refused tokens are never consumed, so an error state is either the grammar's
+            # per-token budget run out (a limit the spec reached: its sequence ends, as
+            # on a server) or a failure inside the engine, such as the tokenizer it
+            # calls back having been freed: raise rather than quietly force EOS.
             if matcher.is_error():
-                raise RuntimeError(f"llguidance failed to compute a mask: {matcher.get_error()}")
+                error = matcher.get_error()
+                if not any(sign in error for sign in _BUDGET_ERRORS):
+                    raise RuntimeError(f"llguidance failed to compute a mask: {error}")
+                logger.warning(
+                    "a grammar ran out of its per-token budget (anylogits limits "
+                    "'grammar_step_items', 'grammar_step_fuel'): its sequence ends. %s",
+                    error.splitlines()[0],
+                )
+                over_budget.append(row)
+        return over_budget
 
+
+# How llguidance says a matcher ran out of its per-token budget (LLParserLimits).
+_BUDGET_ERRORS = ("Too many items", "fuel")
 
 ENGINE: GrammarEngine = LLGuidanceEngine()

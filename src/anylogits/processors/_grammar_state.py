@@ -100,7 +100,8 @@ def fill_bitmask(
     A line's matcher can be at one depth at a time, so the distinct depths of each line
     (draft positions of one request) are filled in rounds, shallowest first, every
     line's matcher in parallel within a round. Rows in the same state are filled once
-    and copied; rows whose sequence is over (a refused token) get ``ended_row`` (EOS only).
+    and copied; rows whose sequence is over (a refused token, or the grammar's per-token
+    budget run out) get ``ended_row`` (EOS only).
     """
     if len({id(cursor.line) for cursor in cursors}) == len(cursors):
         # Every row on its own line (the usual decoding step): one round, no grouping.
@@ -118,7 +119,8 @@ def fill_bitmask(
             filled.append((matcher, rows[0]))
             if len(rows) > 1:
                 copies.extend((row, rows[0]) for row in rows[1:])
-        engine.fill(filled, bitmask)
+        for row in engine.fill(filled, bitmask):
+            bitmask[row] = ended_row
     if copies:
         targets, sources = zip(*copies, strict=True)
         bitmask[list(targets)] = bitmask[list(sources)]

@@ -361,3 +361,22 @@ STRUCTURED: dict[str, tuple[dict[str, Any], str, str]] = {
         "in grammar is 1000000000",
     ),
 }
+
+# Specs the structured fuzzer found failing (an exception other than ValueError, a crash,
+# a budget breach), kept as regressions: each must now be refused or served.
+FOUND_BY_FUZZING: dict[str, dict[str, Any]] = {
+    # Compiled, allowed no first token: a RuntimeError at the first mask. Now refused
+    # when compiled for the vocabulary.
+    "gbnf_allows_no_output": {
+        "type": "grammar",
+        "syntax": "gbnf",
+        "grammar": "root ::= r0\nr0 ::= r0\n",
+    },
+    # Started, then needed more Earley items for one token than grammar_step_items: a
+    # RuntimeError at that step. Now its sequence ends there, as on a server.
+    "lark_over_step_items": {
+        "type": "grammar",
+        "grammar": 'start: r0\nr0: (/(((\\p{L})))/)~12 r0{11} r0~300 ["a"]\n'
+        "    | [/(\\\\\\\\[0-9a-fA-F]\\D)/]\n",
+    },
+}
