@@ -188,3 +188,9 @@ def test_rules_and_alternatives_of_a_grammar_are_bounded() -> None:
 def test_a_grammar_whose_chain_of_rules_is_longer_than_pythons_recursion_limit() -> None:
     chain = "\n".join(f"r{i}: r{i + 1}" for i in range(limits().grammar_rules - 2))
     check_lark(f"start: r0\n{chain}\nr{limits().grammar_rules - 2}: " + '"a"~3', "grammar")
+
+
+def test_lark_blocks_nested_past_the_depth_limit_are_refused_not_a_recursion_error() -> None:
+    grammar = "start: " + "%lark { start: " * 2000 + '"a"' + " }" * 2000
+    with pytest.raises(ValueError, match="nests %lark blocks more than 64 deep"):
+        check_lark(grammar, "grammar")

@@ -5,6 +5,7 @@ replaced, and this process carries on."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 
@@ -59,3 +60,21 @@ def test_an_invalid_grammar_is_the_engines_error_not_a_budget() -> None:
     with pytest.raises(ValueError, match="does not compile") as raised:
         Grammar(_fresh("start: missing_rule"))
     assert "anylogits limit" not in str(raised.value)
+
+
+def test_a_forked_process_starts_its_own_checker_and_leaves_the_parents() -> None:
+    Regex("c{2}")
+    parent_checker = GUARD._process
+    pid = os.fork()
+    if pid == 0:  # the child: its own checker, never the parent's pipes
+        try:
+            Regex(f"d{{{next(_unique) + 2}}}")
+            code = 0 if GUARD._process is not parent_checker else 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert GUARD._process is parent_checker and parent_checker is not None
+    assert parent_checker.poll() is None
+    Regex(f"e{{{next(_unique) + 2}}}")

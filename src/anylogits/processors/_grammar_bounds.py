@@ -222,10 +222,15 @@ _LARK_TOKEN = re.compile(
 )
 
 
-def check_lark(grammar: str, where: str) -> None:
+def check_lark(grammar: str, where: str, depth: int = 0) -> None:
     """Bound a Lark grammar: rule count, alternatives, the product of nested counted
     repetitions through rule references, its regexes, and the JSON schemas and grammars
-    it embeds (``%json {...}``, ``%lark {...}``)."""
+    it embeds (``%json {...}``, ``%lark {...}``, nested at most ``spec_depth`` deep)."""
+    if depth > limits().spec_depth:
+        raise ValueError(
+            f"{where} nests %lark blocks more than {limits().spec_depth} deep (anylogits "
+            "limit 'spec_depth')"
+        )
     rules: dict[str, _Frame] = {}
     stack: list[_Frame] = []
     widest = 1
@@ -249,7 +254,7 @@ def check_lark(grammar: str, where: str) -> None:
             body = grammar[position:body_end].strip()
             position = body_end
             if text == "%lark":
-                check_lark(body[1:-1], f"{where} (%lark block)")
+                check_lark(body[1:-1], f"{where} (%lark block)", depth + 1)
             elif text == "%json":
                 _check_embedded_schema(body, f"{where} (%json block)")
             if stack:
@@ -276,16 +281,16 @@ def check_lark(grammar: str, where: str) -> None:
             ]
             frame.refs.extend(scaled)
             frame.last_refs = scaled
-        elif text in "([":
+        elif kind == "other" and text in "([":
             stack.append(_Frame())
-        elif text in ")]" and len(stack) > 1:
+        elif kind == "other" and text in ")]" and len(stack) > 1:
             group = stack.pop()
             widest = max(widest, group.branches)
             parent = stack[-1]
             parent.last, parent.last_refs = group.best, list(group.refs)
             parent.best = max(parent.best, group.best)
             parent.refs.extend(group.refs)
-        elif text == "|":
+        elif kind == "other" and text == "|":
             frame.branches += 1
             frame.last, frame.last_refs = 1, []
         else:

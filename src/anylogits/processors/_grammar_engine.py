@@ -245,7 +245,8 @@ class LLGuidanceEngine:
         return over_budget
 
 
-# How llguidance says a matcher ran out of its per-token budget (LLParserLimits).
-_BUDGET_ERRORS = ("Too many items", "fuel")
+# How llguidance says a matcher ran out of its per-token budget (LLParserLimits: Earley
+# items, lexer fuel; 1.7's lexer also caps the regex expressions it builds lazily).
+_BUDGET_ERRORS = ("Too many items", "fuel", "too many expressions")
 
 ENGINE: GrammarEngine = LLGuidanceEngine()

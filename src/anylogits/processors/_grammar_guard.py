@@ -66,15 +66,17 @@ class GrammarCheckFailed(ValueError):
 
 
 class GuardedValidator:
-    """One checking child per process, started on first use, replaced after a failure
-    (or when this process was forked from the one that started it)."""
+    """One checking child per process, started on first use, replaced after a failure;
+    a forked process forgets its parent's (the pipes and the lock are the parent's)."""
 
     def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
-        self._owner = 0
         self._budget = 0
-        self._warming = 0
+        self._warming = False
 
     def validate(self, grammar: str, budget: dict[str, int]) -> str | None:
         """llguidance's error for ``grammar`` under ``budget`` (``None`` if it compiles).
@@ -96,7 +98,7 @@ class GuardedValidator:
                 line = process.stdout.readline() if ready else None
             except (BrokenPipeError, OSError):
                 line = b""
-            if line:
+            if line and line.endswith(b"\n"):
                 return json.loads(line)["error"]
             self._stop()
         if line is None:
@@ -119,20 +121,18 @@ class GuardedValidator:
 
     def warm_in_background(self) -> None:
         """:meth:`warm` in a daemon thread, once per process."""
-        if self._warming != os.getpid():
-            self._warming = os.getpid()
+        if not self._warming:
+            self._warming = True
             threading.Thread(target=self.warm, name="anylogits-grammar-check", daemon=True).start()
 
     def _running(self, budget: int) -> subprocess.Popen[bytes]:
-        if self._process is not None and self._owner != os.getpid():
-            self._process = None  # a forked copy's: its pipes belong to the parent
         if self._process is not None and (
             self._budget != budget or self._process.poll() is not None
         ):
             self._stop()
         if self._process is None:
             self._process = self._start(budget)
-            self._owner, self._budget = os.getpid(), budget
+            self._budget = budget
         return self._process
 
     @staticmethod
@@ -158,7 +158,7 @@ class GuardedValidator:
 
     def _stop(self) -> None:
         process, self._process = self._process, None
-        if process is not None and self._owner == os.getpid():
+        if process is not None:
             process.kill()
             process.wait()
 
@@ -169,6 +169,7 @@ class GuardedValidator:
 
 GUARD = GuardedValidator()
 atexit.register(GUARD.close)
+os.register_at_fork(after_in_child=GUARD._forget)
 
 
 def guarded_validation(grammar: str, budget: dict[str, Any]) -> str | None:

@@ -379,4 +379,12 @@ FOUND_BY_FUZZING: dict[str, dict[str, Any]] = {
         "grammar": 'start: r0\nr0: (/(((\\p{L})))/)~12 r0{11} r0~300 ["a"]\n'
         "    | [/(\\\\\\\\[0-9a-fA-F]\\D)/]\n",
     },
+    # llguidance 1.7 only: the lexer builds too many regex expressions at a later token
+    # ("lexer error: too many expressions constructed"): a RuntimeError at that step.
+    # Now a budget run out like the one above.
+    "gbnf_lexer_expressions_llguidance_1_7": {
+        "type": "grammar",
+        "syntax": "gbnf",
+        "grammar": 'root ::= r0\nr0 ::= "a" "a" "a"* "a"{250}\n',
+    },
 }
