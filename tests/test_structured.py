@@ -264,6 +264,15 @@ def test_a_grammar_over_its_per_token_budget_ends_its_own_sequence(
     pytest.fail("no budget let the grammar start")
 
 
+def test_a_prefix_no_token_extends_ends_its_sequence(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by the fuzzer: the grammar allows "ab", which nothing completes (``r1`` is
+    empty); the step after it raised. Now that sequence ends there."""
+    grammar = Grammar('start: "a" "b" r1\nr1: r1 "c"')
+    with caplog.at_level("WARNING"):
+        assert allowed(grammar, [[IDS["a"], IDS["b"]]]) == [{EOS}]
+    assert "allows no token after this prefix" in caplog.text
+
+
 def test_a_processor_without_vocabulary_says_what_to_pass() -> None:
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         Pipeline([Regex("a")])(torch.zeros(1, 4), torch.tensor([[0]]))

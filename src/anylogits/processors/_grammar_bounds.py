@@ -20,7 +20,7 @@ from typing import Any
 
 from anylogits.core.limits import check_size, exceeded, limits
 
-# Counts of items or properties, and string lengths: (keyword, limit).
+# Counts of items or properties, string lengths, divisors: (keyword, limit).
 _SCHEMA_COUNTS = {
     "minItems": "schema_items",
     "maxItems": "schema_items",
@@ -30,6 +30,7 @@ _SCHEMA_COUNTS = {
     "maxProperties": "schema_items",
     "minLength": "string_length",
     "maxLength": "string_length",
+    "multipleOf": "multiple_of",
 }
 # Keywords holding lists or maps of alternatives or members: their widths use 'items'.
 _SCHEMA_WIDTHS = (

@@ -52,7 +52,8 @@ class GrammarEngine(Protocol):
     def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> list[int]:
         """For each ``(matcher, row)``, write the matcher's allowed tokens into that row
         of the packed bitmask; a matcher appears at most once. Return the rows whose
-        matcher ran out of its per-token budget (their sequences end); raise
+        matcher ran out of its per-token budget or reached a prefix nothing extends (their
+        sequences end); raise
         ``RuntimeError`` if the engine fails otherwise."""
 
 
@@ -234,13 +235,20 @@ class LLGuidanceEngine:
             # calls back having been freed: raise rather than quietly force EOS.
             if matcher.is_error():
                 error = matcher.get_error()
-                if not any(sign in error for sign in _BUDGET_ERRORS):
+                if any(sign in error for sign in _BUDGET_ERRORS):
+                    logger.warning(
+                        "a grammar ran out of its per-token budget (anylogits limits "
+                        "'grammar_step_items', 'grammar_step_fuel'): its sequence ends. %s",
+                        error.splitlines()[0],
+                    )
+                elif error.startswith(_DEAD_END):
+                    logger.warning(
+                        "a grammar allows no token after this prefix (it cannot be "
+                        "completed): its sequence ends. %s",
+                        error.splitlines()[0],
+                    )
+                else:
                     raise RuntimeError(f"llguidance failed to compute a mask: {error}")
-                logger.warning(
-                    "a grammar ran out of its per-token budget (anylogits limits "
-                    "'grammar_step_items', 'grammar_step_fuel'): its sequence ends. %s",
-                    error.splitlines()[0],
-                )
                 over_budget.append(row)
         return over_budget
 
@@ -248,5 +256,7 @@ class LLGuidanceEngine:
 # How llguidance says a matcher ran out of its per-token budget (LLParserLimits: Earley
 # items, lexer fuel; 1.7's lexer also caps the regex expressions it builds lazily).
 _BUDGET_ERRORS = ("Too many items", "fuel", "too many expressions")
+# A prefix the grammar allows but no token extends (`r0: "a" "a" r1`, `r1: r1 "a"`).
+_DEAD_END = "NoExtensionBias"
 
 ENGINE: GrammarEngine = LLGuidanceEngine()

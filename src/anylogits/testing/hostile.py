@@ -333,6 +333,16 @@ STRUCTURED: dict[str, tuple[dict[str, Any], str, str]] = {
         "repeat_count",
         "schema['pattern'] is 1000000",
     ),
+    "schema_multiple_of_in_any_of": (
+        {
+            "type": "json_schema",
+            "schema": {
+                "anyOf": [{"type": "integer", "multipleOf": 10**9 + 7}, {"type": "boolean"}]
+            },
+        },
+        "multiple_of",
+        "schema['anyOf'][0]['multipleOf'] is 1000000007",
+    ),
     "regex_nested_counts": (
         {"type": "regex", "pattern": "((a{100}){100}){100}"},
         "repeat_count",
@@ -386,5 +396,11 @@ FOUND_BY_FUZZING: dict[str, dict[str, Any]] = {
         "type": "grammar",
         "syntax": "gbnf",
         "grammar": 'root ::= r0\nr0 ::= "a" "a" "a"* "a"{250}\n',
+    },
+    # Allows the prefix "aa", which no token extends (r1 is empty): a RuntimeError at the
+    # third step. Now its sequence ends there.
+    "lark_dead_end_after_a_prefix": {
+        "type": "grammar",
+        "grammar": 'start: r0\nr0: "a" "a" r1\nr1: r1 "a"\n',
     },
 }
