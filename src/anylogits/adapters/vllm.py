@@ -82,13 +82,16 @@ def engine_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     return hf_vocabulary(tokenizer, eos_token_ids=sorted(eos))
 
 
+_STRUCTURED_AVAILABLE = importlib.util.find_spec("llguidance") is not None
+
+
 def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     """The engine's vocabulary, with what the first structured request would otherwise
     build inside an engine step (llguidance's tokenizer: ~1-2 s at 128k tokens; the
     grammar checking process: ~60 ms) built too; runs in the background thread of
     :meth:`SlotBatch.prefetch_vocabulary`."""
     vocab = engine_vocabulary(vllm_config)
-    if vocab is not None and importlib.util.find_spec("llguidance") is not None:
+    if vocab is not None and _STRUCTURED_AVAILABLE:
         from anylogits.processors._grammar_engine import ENGINE
         from anylogits.processors._grammar_guard import GUARD
 
@@ -121,9 +124,6 @@ def _validate(sampling_params: SamplingParams) -> None:
 
         GUARD.warm_in_background()
     validate_request(sampling_params.extra_args, engine_in_this_process=_ENGINES_HERE > 0)
-
-
-_STRUCTURED_AVAILABLE = importlib.util.find_spec("llguidance") is not None
 
 
 class AnyLogitsV1Runner(V1LogitsProcessor):

@@ -175,8 +175,7 @@ def _skip_escape(pattern: str, position: int) -> int:
 def _skip_class(pattern: str, position: int) -> int:
     """The position after the character class starting at ``position`` (nested classes,
     escapes and a leading ``]`` included)."""
-    depth, position = 0, position
-    start = position
+    depth, start = 0, position
     while position < len(pattern):
         char = pattern[position]
         if char == "\\":
@@ -353,7 +352,6 @@ def _rule_products(rules: dict[str, _Frame]) -> int:
     """The largest repetition product of any rule, through the rules it references. A
     reference back into the rules being expanded counts once: recursion is not
     expansion."""
-    cap = _SATURATED
     products: dict[str, int] = {}
     for root in rules:
         if root in products:
@@ -377,8 +375,8 @@ def _rule_products(rules: dict[str, _Frame]) -> int:
             else:
                 path.pop()
                 on_path.discard(name)
-                products[name] = min(best[name], cap)
+                products[name] = min(best[name], _SATURATED)
                 if path:
                     parent = path[-1][0]
-                    best[parent] = min(max(best[parent], applied * products[name]), cap)
+                    best[parent] = min(max(best[parent], applied * products[name]), _SATURATED)
     return max(products.values(), default=1)

@@ -18,7 +18,7 @@ import torch
 
 from anylogits.core.limits import limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._grammar_guard import GrammarCheckFailed, guarded_validation
+from anylogits.processors._grammar_guard import GUARD, GrammarCheckFailed
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ class GrammarEngine(Protocol):
         """For each ``(matcher, row)``, write the matcher's allowed tokens into that row
         of the packed bitmask; a matcher appears at most once. Return the rows whose
         matcher ran out of its per-token budget or reached a prefix nothing extends (their
-        sequences end); raise
-        ``RuntimeError`` if the engine fails otherwise."""
+        sequences end); raise ``RuntimeError`` if the engine fails otherwise."""
 
 
 def load_llguidance() -> Any:
@@ -134,7 +133,7 @@ def _validation_error(
     memory and time budget): a grammar over either is an error too, remembered as well,
     so that sending it again costs nothing."""
     try:
-        return guarded_validation(grammar, dict(budget))
+        return GUARD.validate(grammar, dict(budget))
     except GrammarCheckFailed as error:
         return str(error)
 
@@ -189,7 +188,7 @@ class LLGuidanceEngine:
                 reason = probe.get_error().splitlines()[0]
                 if reason.startswith("panic"):  # the engine failed, not the grammar
                     raise RuntimeError(f"llguidance failed to compute a mask: {reason}")
-                if any(sign in reason for sign in _BUDGET_ERRORS):
+                if _ran_out_of_budget(reason):
                     raise ValueError(
                         "the grammar's first token needs more than its per-token budget "
                         f"(anylogits limits 'grammar_step_items', 'grammar_step_fuel'): {reason}"
@@ -227,7 +226,7 @@ class LLGuidanceEngine:
         rows, words = bitmask.shape
         # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
         self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
-        over_budget = []
+        ended = []
         for matcher, row in work:
             # Refused tokens are never consumed, so an error state is either the grammar's
             # per-token budget run out (a limit the spec reached: its sequence ends, as
@@ -235,7 +234,7 @@ class LLGuidanceEngine:
             # calls back having been freed: raise rather than quietly force EOS.
             if matcher.is_error():
                 error = matcher.get_error()
-                if any(sign in error for sign in _BUDGET_ERRORS):
+                if _ran_out_of_budget(error):
                     logger.warning(
                         "a grammar ran out of its per-token budget (anylogits limits "
                         "'grammar_step_items', 'grammar_step_fuel'): its sequence ends. %s",
@@ -249,13 +248,19 @@ class LLGuidanceEngine:
                     )
                 else:
                     raise RuntimeError(f"llguidance failed to compute a mask: {error}")
-                over_budget.append(row)
-        return over_budget
+                ended.append(row)
+        return ended
 
 
 # How llguidance says a matcher ran out of its per-token budget (LLParserLimits: Earley
 # items, lexer fuel; 1.7's lexer also caps the regex expressions it builds lazily).
 _BUDGET_ERRORS = ("Too many items", "fuel", "too many expressions")
+
+
+def _ran_out_of_budget(error: str) -> bool:
+    return any(sign in error for sign in _BUDGET_ERRORS)
+
+
 # A prefix the grammar allows but no token extends (`r0: "a" "a" r1`, `r1: r1 "a"`).
 _DEAD_END = "NoExtensionBias"
 

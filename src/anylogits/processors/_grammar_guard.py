@@ -20,7 +20,6 @@ import select
 import subprocess
 import sys
 import threading
-from typing import Any
 
 from anylogits.core.limits import ENVIRONMENT_VARIABLE, limits
 
@@ -170,8 +169,3 @@ class GuardedValidator:
 GUARD = GuardedValidator()
 atexit.register(GUARD.close)
 os.register_at_fork(after_in_child=GUARD._forget)
-
-
-def guarded_validation(grammar: str, budget: dict[str, Any]) -> str | None:
-    """:meth:`GuardedValidator.validate` on the process-wide checker."""
-    return GUARD.validate(grammar, budget)
