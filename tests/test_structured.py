@@ -327,7 +327,8 @@ def test_vllm_request_rows_with_draft_tokens_mask_like_their_own_histories() -> 
     for _ in range(12):
         rows, drafts = [], []
         for slot in range(2):
-            draft = torch.randint(0, EOS + 1, (int(torch.randint(0, 4, ())),), generator=generator)
+            length = int(torch.randint(0, 4, (), generator=generator))
+            draft = torch.randint(0, EOS + 1, (length,), generator=generator)
             for position in range(len(draft) + 1):
                 rows.append(slot)
                 drafts.append(draft[:position].tolist())
