@@ -22,6 +22,7 @@ from anylogits.processors._bitmask import apply_bitmask, pack_bits
 from anylogits.processors._grammar_bounds import check_lark, check_regex, check_schema
 from anylogits.processors._grammar_engine import ENGINE, load_llguidance
 from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
+from anylogits.processors._greedy_lexing import check_greedy_lexing
 
 
 class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
@@ -239,6 +240,7 @@ class Grammar(_Grammar):
             raise ValueError(f"Grammar: the {syntax} grammar does not convert: {error}") from None
         # GBNF arrives converted to llguidance's Lark: one reader bounds both.
         check_lark(compiled, "grammar")
+        check_greedy_lexing(compiled, "grammar")
         self._set_grammar(compiled, f"the {syntax} grammar")
 
     def config(self) -> dict[str, Any]:

@@ -403,4 +403,17 @@ FOUND_BY_FUZZING: dict[str, dict[str, Any]] = {
         "type": "grammar",
         "grammar": 'start: r0\nr0: "a" "a" r1\nr1: r1 "a"\n',
     },
+    # A token ending in a repetition of one word, followed only by what starts with that
+    # word: llguidance's greedy lexer forces the word forever (a mask that never returns,
+    # memory growing). GBNF's all-terminal rule r1 becomes the token R1: "a"*. Now
+    # refused where the grammar is parsed (both llguidance 1.7.6 and 1.9.1 stalled).
+    "gbnf_greedy_token_forced_forever": {
+        "type": "grammar",
+        "syntax": "gbnf",
+        "grammar": 'root ::= r0\nr0 ::= (r1) (r0)\nr1 ::= "a"*\n',
+    },
+    "lark_greedy_token_forced_forever": {
+        "type": "grammar",
+        "grammar": 'start: r0\nr0: [/(?:a)*/ "a"]\n',
+    },
 }

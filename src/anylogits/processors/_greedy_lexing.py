@@ -1,0 +1,719 @@
+"""Lark grammars whose greedy lexer would force one byte forever.
+
+llguidance lexes greedily: a token ends only at a byte that cannot extend it. A token that
+ends in an unbounded repetition of one word (``/a+/``, ``"ab"*`` in a terminal) can then
+never end if everything the grammar lets follow it starts with that word's first byte
+(``start: /a+/ "a"``; GBNF's ``r0 ::= r1 r0  r1 ::= "a"*``). Exactly one byte is allowed
+at every step, so llguidance's forced-byte loop (``force_bytes``) pushes it forever inside
+one token: no Earley item is added, none of its budgets is charged, and the call that
+computes the next token's mask never returns while its memory grows (~11 MB/s measured,
+llguidance 1.7.6 and 1.9.1). Found by ``nox -s fuzz``.
+
+:func:`check_greedy_lexing` finds that shape before llguidance sees the grammar: for each
+token that can end in such a repetition of a word ``w``, it computes (FIRST/FOLLOW over
+the grammar, ``%ignore`` included) what can come next; if nothing but ``w[0]`` can (no
+end of input, no other byte), the grammar is refused. It errs towards refusing: a token
+or a block it cannot read (``%json``/``%regex`` inside a grammar) counts as possibly
+starting with ``w[0]``. Its sets only grow and have a handful of elements (the first
+characters of the repeated words, "other", "end", "unknown"), so the fixed point is short.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from anylogits.processors._grammar_bounds import _LARK_TOKEN, _at_line_start, _balanced_braces
+
+# Elements of FIRST/FOLLOW sets besides single characters.
+_END = "<end>"  # the input may end here
+_OTHER = "<other>"  # a character class of several, a special token: never forced
+_UNKNOWN = "<unknown>"  # not read (an embedded block): may be anything, w[0] included
+_MAX_FIXED = 100_000  # longer fixed strings are only known as mixed
+# Work of the FIRST/FOLLOW fixed point (node visits): ordinary grammars need thousands, a
+# grammar within 'grammar_chars' built to need more is refused (~1 s of Python at most).
+_MAX_VISITS = 2_000_000
+
+
+class _TooComplex(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the greedy-lexing check needs of a token's language.
+
+    ``first``: the characters it can start with (``_OTHER`` for several at once);
+    ``nullable``: it matches the empty string; ``words``: ``("fixed", s)`` one string,
+    ``("powers", w)`` only powers of the primitive word ``w``, ``("mixed", "")`` anything
+    else (``("fixed", "")`` is the empty string); ``cycles``: the words ``w`` such that
+    the token can end inside an unbounded repetition of ``w``.
+    """
+
+    first: frozenset[str]
+    nullable: bool
+    words: tuple[str, str]
+    cycles: frozenset[str]
+
+
+_EMPTY = Shape(frozenset(), True, ("fixed", ""), frozenset())
+_WIDE = Shape(frozenset({_OTHER}), False, ("mixed", ""), frozenset())
+_OPAQUE = Shape(frozenset({_UNKNOWN}), False, ("mixed", ""), frozenset())
+
+
+def _root(word: str) -> str:
+    """The primitive root: ``"abab"`` → ``"ab"``."""
+    period = (word + word).find(word, 1)
+    return word[:period] if 0 < period < len(word) else word
+
+
+def _char(char: str, ignore_case: bool = False) -> Shape:
+    if ignore_case and char.lower() != char.upper():
+        return _WIDE
+    return Shape(frozenset({char}), False, ("fixed", char), frozenset())
+
+
+def _powers_root(words: tuple[str, str]) -> str | None:
+    """``w`` when every string of ``words`` is a power of ``w`` (None: mixed or empty)."""
+    kind, value = words
+    if kind == "powers":
+        return value
+    if kind == "fixed" and value:
+        return _root(value)
+    return None
+
+
+def _within(words: tuple[str, str], word: str) -> bool:
+    """Every string of ``words`` is a power of ``word`` (the empty string included)."""
+    return words == ("fixed", "") or _powers_root(words) == word
+
+
+def _cat_words(left: tuple[str, str], right: tuple[str, str]) -> tuple[str, str]:
+    if left == ("fixed", ""):
+        return right
+    if right == ("fixed", ""):
+        return left
+    if left[0] == right[0] == "fixed":
+        joined = left[1] + right[1]
+        return ("fixed", joined) if len(joined) <= _MAX_FIXED else ("mixed", "")
+    root = _powers_root(left)
+    if root is not None and root == _powers_root(right):
+        return ("powers", root)
+    return ("mixed", "")
+
+
+def _alt_words(left: tuple[str, str], right: tuple[str, str]) -> tuple[str, str]:
+    if left == right:
+        return left
+    roots = {_powers_root(words) for words in (left, right) if words != ("fixed", "")}
+    root = roots.pop() if len(roots) == 1 else None
+    return ("powers", root) if root is not None else ("mixed", "")
+
+
+def cat(left: Shape, right: Shape) -> Shape:
+    """``left`` then ``right``."""
+    cycles = set(right.cycles)
+    cycles.update(w for w in left.cycles if right.nullable or _within(right.words, w))
+    return Shape(
+        left.first | (right.first if left.nullable else frozenset()),
+        left.nullable and right.nullable,
+        _cat_words(left.words, right.words),
+        frozenset(cycles),
+    )
+
+
+def alt(left: Shape, right: Shape) -> Shape:
+    """``left`` or ``right``."""
+    return Shape(
+        left.first | right.first,
+        left.nullable or right.nullable,
+        _alt_words(left.words, right.words),
+        left.cycles | right.cycles,
+    )
+
+
+def repeat(body: Shape, low: int, high: int | None) -> Shape:
+    """``body`` repeated ``low`` to ``high`` times (None: unbounded)."""
+    kind, value = body.words
+    if body.words == ("fixed", ""):
+        words = body.words
+    elif kind == "fixed" and low == high:
+        words = ("fixed", value * low) if len(value) * low <= _MAX_FIXED else ("mixed", "")
+    elif low == high == 0:
+        words = ("fixed", "")
+    else:
+        root = _powers_root(body.words)
+        words = ("powers", root) if root is not None else ("mixed", "")
+    cycles = set(body.cycles)
+    root = _powers_root(body.words)
+    if high is None and root is not None:
+        cycles.add(root)
+    return Shape(body.first, low == 0 or body.nullable, words, frozenset(cycles))
+
+
+# Rust `regex` syntax, as llguidance's lexer reads a /regex/.
+_CLASS_ESCAPES = set("dDwWsSpP")
+_ANCHOR_ESCAPES = set("bBAzZ<>")
+_CONTROL_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "0": "\0"}
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(,\s*(\d*)\s*)?\}")
+
+
+class _RegexReader:
+    def __init__(self, pattern: str, ignore_case: bool) -> None:
+        self.text = pattern
+        self.position = 0
+        self.ignore_case = ignore_case
+
+    def read(self) -> Shape:
+        shape = self._alternation()
+        while self.position < len(self.text):  # an unmatched ")": read on
+            self.position += 1
+            shape = cat(shape, self._alternation())
+        return shape
+
+    def _alternation(self) -> Shape:
+        shape = self._sequence()
+        while self._peek() == "|":
+            self.position += 1
+            shape = alt(shape, self._sequence())
+        return shape
+
+    def _sequence(self) -> Shape:
+        shape = _EMPTY
+        while self.position < len(self.text) and self._peek() not in "|)":
+            shape = cat(shape, self._quantified())
+        return shape
+
+    def _quantified(self) -> Shape:
+        shape = self._atom()
+        while self.position < len(self.text):
+            char = self._peek()
+            bounds: tuple[int, int | None]
+            if char in "*+?":
+                bounds = {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
+                self.position += 1
+            elif char == "{" and (counted := _QUANTIFIER.match(self.text, self.position)):
+                low = int(counted[1])
+                high = low if counted[2] is None else (int(counted[3]) if counted[3] else None)
+                bounds = (low, high)
+                self.position = counted.end()
+            else:
+                return shape
+            if self._peek() in ("?", "+"):  # lazy or possessive: the same language
+                self.position += 1
+            shape = repeat(shape, *bounds)
+        return shape
+
+    def _atom(self) -> Shape:
+        char = self._peek()
+        self.position += 1
+        if char == "(":
+            return self._group()
+        if char == "[":
+            return self._class()
+        if char == "\\":
+            return self._escape()
+        if char in "^$":
+            return _EMPTY
+        if char == ".":
+            return _WIDE
+        return _char(char, self.ignore_case)
+
+    def _group(self) -> Shape:
+        saved = self.ignore_case
+        if self._peek() == "?":
+            flags = re.match(r"\?(?:P?<[^>]*>|([a-zA-Z-]*)(:|\)))", self.text[self.position :])
+            if flags is None:
+                self.position += 1
+            else:
+                self.position += flags.end()
+                if flags[1] is not None:
+                    on = flags[1].split("-")[0]
+                    if "i" in on:
+                        self.ignore_case = True
+                    if flags[2] == ")":  # (?i) sets the flag for the rest of the group
+                        return _EMPTY
+        shape = self._alternation()
+        if self._peek() == ")":
+            self.position += 1
+        self.ignore_case = saved
+        return shape
+
+    def _escape(self) -> Shape:
+        char = self._peek()
+        self.position += 1
+        if char in _CLASS_ESCAPES:
+            if self._peek() == "{":
+                self.position = self.text.find("}", self.position) % (len(self.text) + 1) + 1
+            else:
+                self.position += char in "pP"
+            return _WIDE
+        if char in _ANCHOR_ESCAPES:
+            return _EMPTY
+        if char in "xuU":
+            digits = re.match(r"\{([0-9a-fA-F]+)\}|([0-9a-fA-F]{1,8})", self.text[self.position :])
+            if digits is None:
+                return _WIDE
+            self.position += digits.end()
+            try:
+                return _char(chr(int(digits[1] or digits[2], 16)), self.ignore_case)
+            except (ValueError, OverflowError):
+                return _WIDE
+        return _char(_CONTROL_ESCAPES.get(char, char), self.ignore_case)
+
+    def _class(self) -> Shape:
+        """One character if the class names exactly one, else several."""
+        start = self.position - 1
+        depth, members = 1, set()
+        simple = self._peek() != "^"
+        while self.position < len(self.text) and depth:
+            char = self._peek()
+            self.position += 1
+            if char == "\\":
+                escaped = self._peek()
+                self.position += 1
+                if escaped in _CLASS_ESCAPES or escaped in "xuU":
+                    simple = False
+                members.add(_CONTROL_ESCAPES.get(escaped, escaped))
+            elif char == "[":
+                depth += 1
+                simple = False
+            elif char == "]" and self.position - 1 > start + 1:
+                depth -= 1
+            elif char == "-" and members and self._peek() != "]":
+                simple = False
+            else:
+                members.add(char)
+        if simple and len(members) == 1:
+            return _char(members.pop(), self.ignore_case)
+        return _WIDE
+
+    def _peek(self) -> str:
+        return self.text[self.position] if self.position < len(self.text) else ""
+
+
+def regex_shape(pattern: str, flags: str = "") -> Shape:
+    """The :class:`Shape` of a regex (Rust syntax).
+
+    Example:
+        >>> sorted(regex_shape("x(ab)+").cycles), sorted(regex_shape("[ab]+").cycles)
+        (['ab'], [])
+    """
+    return _RegexReader(pattern, "i" in flags).read()
+
+
+def literal_shape(text: str, ignore_case: bool = False) -> Shape:
+    shape = _EMPTY
+    for char in text:
+        shape = cat(shape, _char(char, ignore_case))
+    return shape
+
+
+# The grammar: rules (lowercase) over tokens; terminals (uppercase) are one token each.
+# A rule's tree: ("token", Shape, its text) one token; ("rule", name); ("seq" | "alt",
+# [parts]); ("repeat", body, low, high or None).
+Node = tuple[Any, ...]
+
+
+@dataclass
+class _Grammar:
+    rules: dict[str, list[tuple[str, str]]]  # name -> its tokens (kind, text)
+    terminals: dict[str, list[tuple[str, str]]]
+    lazy: set[str]
+    ignored: list[list[tuple[str, str]]]
+    nested: list[str]  # %lark blocks
+
+
+# `name[lazy]:`, `name[stop=""]:`, `name[max_tokens=3]:`
+_ATTRIBUTES = re.compile(
+    r"^([ \t]*[?!]?[A-Za-z_][A-Za-z_0-9]*(?:\.-?\d+)?)\[([^\]\n]*)\](?=\s*:)", re.M
+)
+
+
+def _definitions(grammar: str) -> _Grammar:
+    lazy: set[str] = set()
+
+    def strip_attributes(match: re.Match[str]) -> str:
+        if "lazy" in match[2]:
+            lazy.add(match[1].strip().lstrip("?!").split(".")[0])
+        return match[1]
+
+    grammar = _ATTRIBUTES.sub(strip_attributes, grammar)
+    parsed = _Grammar({}, {}, lazy, [], [])
+    current: list[tuple[str, str]] | None = None
+    position = 0
+    while position < len(grammar):
+        token = _LARK_TOKEN.match(grammar, position)
+        assert token is not None  # `other` matches any character
+        kind, text = token.lastgroup or "other", token[0]
+        position = token.end()
+        if kind == "space":
+            continue
+        if kind == "rule" and _at_line_start(grammar, token.start()):
+            name = text.rstrip(":").strip().lstrip("?!").split(".")[0]
+            current = []
+            (parsed.terminals if name[:1].isupper() else parsed.rules)[name] = current
+            continue
+        if kind == "directive" and text in ("%json", "%lark", "%regex", "%llguidance"):
+            end = _balanced_braces(grammar, position)
+            if text == "%lark":
+                parsed.nested.append(grammar[position:end].strip()[1:-1])
+            position = end
+            if current is not None and text != "%llguidance":
+                current.append(("opaque", text))
+            continue
+        if kind == "directive" and _at_line_start(grammar, token.start()):
+            current = [] if text == "%ignore" else None
+            if current is not None:
+                parsed.ignored.append(current)
+            continue
+        if current is not None:
+            if kind == "other" and text == "\n":
+                continue
+            current.append((kind, text))
+    return parsed
+
+
+def _unquote(text: str) -> tuple[str, bool]:
+    ignore_case = text.endswith("i")
+    body = text[:-1] if ignore_case else text
+    try:
+        value = json.loads(body)
+    except ValueError:
+        value = body[1:-1]
+    return (value if isinstance(value, str) else body[1:-1]), ignore_case
+
+
+class _ExpressionReader:
+    """Reads a definition's tokens into a :data:`Node` tree (rules) or a :class:`Shape`
+    (terminals: ``terminal_shape``)."""
+
+    def __init__(
+        self, tokens: list[tuple[str, str]], terminal: bool, shapes: _Shapes, lazy: bool = False
+    ) -> None:
+        self.tokens = tokens
+        self.position = 0
+        self.terminal = terminal
+        self.shapes = shapes
+        self.lazy = lazy  # a rule[lazy]: its tokens end as soon as they can
+
+    def read(self) -> Node:
+        node = self._alternation()
+        while self.position < len(self.tokens):  # an unmatched bracket: read on
+            self.position += 1
+            node = ("seq", [node, self._alternation()])
+        return node
+
+    def _alternation(self) -> Node:
+        parts = [self._sequence()]
+        while self._peek() == "|":
+            self.position += 1
+            parts.append(self._sequence())
+        return parts[0] if len(parts) == 1 else ("alt", parts)
+
+    def _sequence(self) -> Node:
+        parts: list[Node] = []
+        while self.position < len(self.tokens) and self._peek() not in ("|", ")", "]"):
+            parts.append(self._quantified())
+        return ("seq", parts)
+
+    def _quantified(self) -> Node:
+        node = self._atom()
+        while self.position < len(self.tokens):
+            kind, text = self.tokens[self.position]
+            if kind == "other" and text in "?*+" and text:
+                low, high = {"?": (0, 1), "*": (0, None), "+": (1, None)}[text]
+            elif kind == "repeat":
+                numbers = [int(n) for n in re.findall(r"\d+", text)]
+                low = numbers[0]
+                high = numbers[-1] if "," not in text or len(numbers) > 1 else None
+            else:
+                return node
+            self.position += 1
+            node = ("repeat", node, low, high)
+        return node
+
+    def _atom(self) -> Node:
+        kind, text = self.tokens[self.position]
+        self.position += 1
+        if kind == "other" and text in "([":
+            inner = self._alternation()
+            if self._peek() in (")", "]"):
+                self.position += 1
+            return ("repeat", inner, 0, 1) if text == "[" else inner
+        if kind == "string":
+            if self._peek() == "." and self._peek(1) == ".":
+                self.position += 3  # "a".."z": a range of characters
+                return self._token(_WIDE, text)
+            value, ignore_case = _unquote(text)
+            return self._token(literal_shape(value, ignore_case), text)
+        if kind == "regex":
+            closing = text.rindex("/")
+            return self._token(regex_shape(text[1:closing], text[closing + 1 :]), text)
+        if kind == "name":
+            if text[:1].isupper() or self.terminal:
+                return self._token(self.shapes.terminal(text), text)
+            return ("rule", text)
+        if kind == "special":
+            return self._token(_WIDE, text)
+        return self._token(_OPAQUE, text)  # %json/%regex blocks, what is not understood
+
+    def _token(self, shape: Shape, text: str) -> Node:
+        if self.lazy and not self.terminal:
+            shape = Shape(shape.first, shape.nullable, shape.words, frozenset())
+        return ("token", shape, text)
+
+    def _peek(self, ahead: int = 0) -> str:
+        index = self.position + ahead
+        return self.tokens[index][1] if index < len(self.tokens) else ""
+
+
+class _Shapes:
+    """Terminal definitions as shapes, each read once (a terminal that refers back to
+    itself is not something llguidance compiles: it reads as opaque here)."""
+
+    def __init__(self, grammar: _Grammar) -> None:
+        self.grammar = grammar
+        self.done: dict[str, Shape] = {}
+        self.reading: set[str] = set()
+
+    def terminal(self, name: str) -> Shape:
+        if name in self.done:
+            return self.done[name]
+        tokens = self.grammar.terminals.get(name)
+        if tokens is None or name in self.reading:
+            return _OPAQUE
+        self.reading.add(name)
+        shape = _evaluate(_ExpressionReader(tokens, True, self).read())
+        self.reading.discard(name)
+        self.done[name] = shape
+        return shape
+
+
+def _evaluate(node: Node) -> Shape:
+    """A terminal's node tree as one shape (its references are already shapes)."""
+    kind = node[0]
+    if kind == "token":
+        return node[1]
+    if kind == "seq":
+        shape = _EMPTY
+        for part in node[1]:
+            shape = cat(shape, _evaluate(part))
+        return shape
+    if kind == "alt":
+        parts = [_evaluate(part) for part in node[1]]
+        shape = parts[0]
+        for part in parts[1:]:
+            shape = alt(shape, part)
+        return shape
+    if kind == "repeat":
+        return repeat(_evaluate(node[1]), node[2], node[3])
+    return _OPAQUE
+
+
+class _Flow:
+    """FIRST, nullable and FOLLOW over the rules, each token's FOLLOW recorded."""
+
+    def __init__(self, rules: dict[str, Node], ignored: frozenset[str]) -> None:
+        self.rules = rules
+        self.ignored = ignored
+        self.first: dict[str, frozenset[str]] = {name: frozenset() for name in rules}
+        self.nullable: dict[str, bool] = {name: False for name in rules}
+        self.follow: dict[str, frozenset[str]] = {name: frozenset() for name in rules}
+        self.token_follow: dict[int, tuple[Shape, str, set[str]]] = {}
+        self.changed: set[str] = set()
+        self.visits = 0
+
+    def first_of(self, node: Node) -> tuple[frozenset[str], bool]:
+        self._visit()
+        kind = node[0]
+        if kind == "token":
+            shape: Shape = node[1]
+            return shape.first, shape.nullable
+        if kind == "rule":
+            name: str = node[1]
+            if name not in self.rules:
+                return frozenset({_UNKNOWN}), False
+            return self.first[name], self.nullable[name]
+        if kind == "seq":
+            first: frozenset[str] = frozenset()
+            for part in node[1]:
+                part_first, part_nullable = self.first_of(part)
+                first |= part_first
+                if not part_nullable:
+                    return first, False
+            return first, True
+        if kind == "alt":
+            results = [self.first_of(part) for part in node[1]]
+            return frozenset().union(*(f for f, _ in results)), any(n for _, n in results)
+        first, nullable = self.first_of(node[1])
+        return first, nullable or node[2] == 0
+
+    def solve_first(self) -> None:
+        users: dict[str, set[str]] = {name: set() for name in self.rules}
+        for name, node in self.rules.items():
+            for used in _references(node):
+                if used in users:
+                    users[used].add(name)
+        pending = list(self.rules)
+        queued = set(pending)
+        while pending:
+            name = pending.pop()
+            queued.discard(name)
+            first, nullable = self.first_of(self.rules[name])
+            if first != self.first[name] or nullable != self.nullable[name]:
+                self.first[name], self.nullable[name] = first, nullable
+                for user in users[name] - queued:
+                    pending.append(user)
+                    queued.add(user)
+
+    def solve_follow(self) -> None:
+        if "start" in self.follow:
+            self.follow["start"] = frozenset({_END})
+        pending = list(self.rules)
+        queued = set(pending)
+        while pending:
+            name = pending.pop()
+            queued.discard(name)
+            self.changed = set()
+            self._walk(self.rules[name], self.follow[name] | self.ignored)
+            for grown in self.changed - queued:
+                pending.append(grown)
+                queued.add(grown)
+
+    def _visit(self) -> None:
+        self.visits += 1
+        if self.visits > _MAX_VISITS:
+            raise _TooComplex
+
+    def _walk(self, node: Node, after: frozenset[str]) -> None:
+        self._visit()
+        kind = node[0]
+        if kind == "token":
+            entry = self.token_follow.setdefault(id(node), (node[1], node[2], set()))
+            entry[2].update(after)
+        elif kind == "rule":
+            name: str = node[1]
+            if name in self.follow and not after <= self.follow[name]:
+                self.follow[name] = self.follow[name] | after
+                self.changed.add(name)
+        elif kind == "seq":
+            current = after
+            for part in reversed(node[1]):
+                self._walk(part, current)
+                first, nullable = self.first_of(part)
+                current = (first | self.ignored | current) if nullable else (first | self.ignored)
+        elif kind == "alt":
+            for part in node[1]:
+                self._walk(part, after)
+        else:
+            body, high = node[1], node[3]
+            first, _ = self.first_of(body)
+            again = first | self.ignored if high is None or high > 1 else frozenset()
+            self._walk(body, after | again)
+
+
+def _collapse(elements: frozenset[str], keep: set[str]) -> frozenset[str]:
+    return frozenset(e if e in keep or e in (_END, _UNKNOWN) else _OTHER for e in elements)
+
+
+def check_greedy_lexing(grammar: str, where: str, depth: int = 0) -> None:
+    """Refuse a Lark grammar in which a token can end in an unbounded repetition of a
+    word ``w`` while nothing but ``w[0]`` can follow it (llguidance would force ``w``
+    forever: a stall). See the module docstring.
+
+    Example:
+        >>> check_greedy_lexing('start: /a+/ "b"', "grammar")
+        >>> check_greedy_lexing('start: /a+/ "a"', "grammar")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: grammar: the token /a+/ can end in a repetition of 'a' and only 'a' can...
+    """
+    try:
+        _check(grammar, where, depth)
+    except RecursionError:
+        raise ValueError(
+            f"{where} nests groups too deeply to check (more than about 200 levels)"
+        ) from None
+    except _TooComplex:
+        raise ValueError(
+            f"{where}: checking what can follow each repeated token took more than "
+            f"{_MAX_VISITS} steps; simplify the grammar"
+        ) from None
+
+
+def _check(grammar: str, where: str, depth: int) -> None:
+    parsed = _definitions(grammar)
+    for nested in parsed.nested:
+        if depth < 8:
+            _check(nested, f"{where} (%lark block)", depth + 1)
+    shapes = _Shapes(parsed)
+    rules = {
+        name: _ExpressionReader(tokens, False, shapes, lazy=name in parsed.lazy).read()
+        for name, tokens in parsed.rules.items()
+    }
+    ignored = [_evaluate(_ExpressionReader(t, True, shapes).read()) for t in parsed.ignored]
+    cycle_starts = {w[0] for shape in shapes.done.values() for w in shape.cycles}
+    cycle_starts |= {w[0] for node in _tokens(rules.values()) for w in node[1].cycles}
+    if not cycle_starts:
+        return  # the usual case: no token ends in a repetition of one word
+    # Characters that are not the first of any cycle's word only need telling apart
+    # from them: one element for all keeps the fixed point short.
+    flow = _Flow(
+        {name: _collapsed(node, cycle_starts) for name, node in rules.items()},
+        _collapse(frozenset().union(*(s.first for s in ignored)), cycle_starts),
+    )
+    flow.solve_first()
+    flow.solve_follow()
+    for shape, text, follow in flow.token_follow.values():
+        for word in sorted(shape.cycles):
+            if follow <= {word[0], _UNKNOWN}:
+                raise ValueError(
+                    f"{where}: the token {text} can end in a repetition of {word!r} and only "
+                    f"{word[0]!r} can follow it: llguidance's greedy lexer would extend it "
+                    "forever (a stall). Bound the repetition, or let what follows start "
+                    "differently"
+                )
+
+
+def _references(node: Node) -> set[str]:
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current[0] == "rule":
+            found.add(current[1])
+        elif current[0] in ("seq", "alt"):
+            stack.extend(current[1])
+        elif current[0] == "repeat":
+            stack.append(current[1])
+    return found
+
+
+def _tokens(nodes: Iterable[Node]) -> list[Node]:
+    found: list[Node] = []
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node[0] == "token":
+            found.append(node)
+        elif node[0] in ("seq", "alt"):
+            stack.extend(node[1])
+        elif node[0] == "repeat":
+            stack.append(node[1])
+    return found
+
+
+def _collapsed(node: Node, keep: set[str]) -> Node:
+    kind = node[0]
+    if kind == "token":
+        shape: Shape = node[1]
+        collapsed = Shape(_collapse(shape.first, keep), shape.nullable, shape.words, shape.cycles)
+        return ("token", collapsed, node[2])
+    if kind in ("seq", "alt"):
+        return (kind, [_collapsed(part, keep) for part in node[1]])
+    if kind == "repeat":
+        return ("repeat", _collapsed(node[1], keep), node[2], node[3])
+    return node
