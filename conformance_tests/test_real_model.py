@@ -213,3 +213,63 @@ def test_a_near_tie_stops_the_comparison_and_a_real_difference_fails() -> None:
     with pytest.raises(AssertionError, match="too few compared"):
         agreed_until_tie(expected, list(tied), [0, 1, 99])
     assert agreed_until_tie(expected, list(clear), expected) == 12
+
+
+_VLLM_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+model_dir, scratch, prompts, new_tokens = sys.argv[1:5]  # vLLM's start rewrites sys.argv
+prompts, new_tokens = json.loads(prompts), int(new_tokens)
+from anylogits.testing.engines import vllm_environment
+os.environ.update(vllm_environment(Path(scratch)))
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from anylogits import RepetitionPenalty, for_vllm
+from anylogits.adapters.vllm import AnyLogits
+llm = LLM(model_dir, dtype="float32", max_model_len=512, seed=0, enforce_eager=True,
+          logits_processors=[AnyLogits])
+greedy = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+penalized = for_vllm(RepetitionPenalty(1.3), temperature=0.0, max_tokens=new_tokens)
+outputs = {}
+for name, params in (("plain", greedy), ("repetition_penalty", penalized)):
+    results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    outputs[name] = [list(r.outputs[0].token_ids) for r in results]
+print("RESULT" + json.dumps(outputs))
+"""
+
+
+@pytest.mark.only_backend("vllm")
+def test_vllm_on_the_same_weights_greedy_and_a_penalty_equal_transformers(
+    real_model_dir: Path, reference: tuple[Any, Any], tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    tokenizer = reference[1]
+    prompts = [chat_ids(tokenizer, prompt) for prompt in PROMPTS]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _VLLM_SCRIPT,
+            str(real_model_dir),
+            str(tmp_path),
+            json.dumps(prompts),
+            str(NEW_TOKENS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    outputs = json.loads(lines[0][len("RESULT") :])
+    for prompt_ids, tokens in zip(prompts, outputs["plain"], strict=True):
+        expected, scores = greedy_reference(reference, prompt_ids)
+        agreed_until_tie(expected, scores, [t for t in tokens if t != tokenizer.eos_token_id])
+    plain, _ = greedy_reference(reference, prompts[2])
+    expected, scores = greedy_reference(reference, prompts[2], repetition_penalty=1.3)
+    assert expected != plain, "the penalty must change the output, or agreeing proves nothing"
+    got = [t for t in outputs["repetition_penalty"][2] if t != tokenizer.eos_token_id]
+    agreed_until_tie(expected, scores, got)
