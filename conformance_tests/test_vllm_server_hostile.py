@@ -26,6 +26,7 @@ openai = pytest.importorskip("openai")
 
 from anylogits.core.limits import limits  # noqa: E402
 from anylogits.testing.hostile import (  # noqa: E402
+    FOUND_BY_FUZZING,
     OVERSIZED,
     REQUEST_LEVEL,
     STRUCTURED,
@@ -153,6 +154,21 @@ def test_hostile_spec_is_refused_at_once_and_others_are_served(
     seconds, result, ordinary = _alongside(client, server, lambda: _hostile(client, payload))
     REFUSALS[case] = (seconds, ordinary / baseline)
     _assert_refused(result, seconds, limit, field)
+    assert ordinary < SLOWDOWN * baseline, (ordinary, baseline)
+
+
+@pytest.mark.parametrize("case", sorted(FOUND_BY_FUZZING))
+def test_what_the_fuzzer_found_is_answered_at_once_beside_an_ordinary_client(
+    case: str, client: Any, server: Server, baseline: float, frontend_rss_mb: float
+) -> None:
+    """Each failure the fuzzer found (a stall, a mid-generation error): a 400 naming the
+    problem, or an answer whose sequence ended early, within 2 s; the ordinary client
+    beside it is served as usual and the server lives."""
+    payload = json.dumps([FOUND_BY_FUZZING[case]])
+    seconds, result, ordinary = _alongside(client, server, lambda: _hostile(client, payload))
+    REFUSALS[f"fuzzed.{case}"] = (seconds, ordinary / baseline)
+    assert isinstance(result, openai.BadRequestError) or result.choices, repr(result)
+    assert seconds < REFUSED_WITHIN_S, f"answered after {seconds:.2f} s: {result!r}"
     assert ordinary < SLOWDOWN * baseline, (ordinary, baseline)
 
 
