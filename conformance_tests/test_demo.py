@@ -32,8 +32,10 @@ def anylogits(*arguments: str, timeout: float = 900) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def demo(tiny_model_dir: Path) -> subprocess.CompletedProcess[str]:
-    return anylogits("demo", "--backend", "all", "--max-new-tokens", "12")
+def demo(real_model_dir: Path) -> subprocess.CompletedProcess[str]:
+    """The demo as a newcomer runs it: the real model (prepared by the fixture first, so
+    that the download's time is not the demo's)."""
+    return anylogits("demo", "--backend", "all", "--max-new-tokens", "24")
 
 
 def verdicts(table: str) -> dict[str, dict[str, str]]:
@@ -102,6 +104,22 @@ def test_an_engine_that_is_not_installed_is_an_error_naming_its_install_command(
     assert result.returncode == 2
     assert f"{missing[0]} is not installed" in result.stderr
     assert 'pip install "anylogits[' in result.stderr
+
+
+def test_the_demo_runs_on_the_real_model_and_shows_its_text(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    assert "SmolLM2-135M-Instruct (trained)" in demo.stdout, demo.stdout
+    assert "chat message 'List three fruits, then list them again.'" in demo.stdout
+
+
+def test_the_tiny_model_is_the_fast_path(tiny_model_dir: Path) -> None:
+    result = anylogits(
+        "demo", "--model", "tiny", "--backend", "transformers", "--max-new-tokens", "24"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tiny random-weight Llama" in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1] == "all engines agree with transformers"
 
 
 def test_tiny_model_command_prints_the_cached_folder(tiny_model_dir: Path) -> None:

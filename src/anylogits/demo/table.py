@@ -13,7 +13,7 @@ ERROR = "ERROR"
 AGREE = "all engines agree with transformers"
 
 _SHOWN_IDS = 6
-_SHOWN_CHARACTERS = 30
+_SHOWN_CHARACTERS = 60
 
 LEGEND = """\
 tokens: "same" = the engine's tokens through anylogits are transformers' own, the

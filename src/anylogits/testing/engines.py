@@ -221,10 +221,13 @@ class LlamaCppEngine:
     def load(cls, model_dir: Path) -> LlamaCppEngine:
         import llama_cpp
 
-        from anylogits.testing.tiny_model import build_tiny_gguf
+        from anylogits.testing.tiny_model import GGUF_FILENAME, build_tiny_gguf
 
+        # A prepared folder holds its float32 GGUF (the real model's); the tiny model's is
+        # written on first use.
+        path = model_dir / GGUF_FILENAME
         llm = llama_cpp.Llama(
-            model_path=str(build_tiny_gguf()),
+            model_path=str(path if path.is_file() else build_tiny_gguf()),
             n_ctx=512,
             n_threads=1,
             seed=0,
