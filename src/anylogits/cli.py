@@ -68,6 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tiny random-weight model, the fast path",
     )
     demo.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="timed runs of each side of each case; the best counts (default 3)",
+    )
+    demo.add_argument(
         "--prompt",
         default=None,
         help="a chat message (real model) or a plain prompt (tiny model)",
@@ -102,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompt=args.prompt,
         max_new_tokens=args.max_new_tokens,
         model=args.model,
+        rounds=args.rounds,
     )
 
 

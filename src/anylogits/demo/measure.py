@@ -52,7 +52,12 @@ def references(
 
 
 def measure(
-    engine: GenerationEngine, case: Case, reference: Reference, prompt: list[int], n: int
+    engine: GenerationEngine,
+    case: Case,
+    reference: Reference,
+    prompt: list[int],
+    n: int,
+    rounds: int = ROUNDS,
 ) -> Cell:
     """``case`` on ``engine``: its tokens, compared with ``reference``, and timed."""
 
@@ -74,7 +79,7 @@ def measure(
     except NoNative as missing:
         no_native = missing.argument
         del sides["native"]
-    times = _seconds_per_token(sides)
+    times = _seconds_per_token(sides, rounds)
     if case.sample and engine.name != "transformers":
         verdict = NOT_COMPARED
     else:
@@ -82,11 +87,11 @@ def measure(
     return Cell(tokens, verdict, times.get("ours"), times.get("native"), no_native)
 
 
-def _seconds_per_token(sides: dict[str, Callable[[], list[int]]]) -> dict[str, float]:
+def _seconds_per_token(sides: dict[str, Callable[[], list[int]]], rounds: int) -> dict[str, float]:
     """Best seconds per new token of each side, runs interleaved so that machine noise
     hits both alike."""
     best = dict.fromkeys(sides, float("inf"))
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for side, run in sides.items():
             start = time.perf_counter()
             tokens = run()

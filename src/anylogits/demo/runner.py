@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from anylogits.demo.cases import Case
-from anylogits.demo.measure import Cell, Reference, measure, references
+from anylogits.demo.measure import ROUNDS, Cell, Reference, measure, references
 from anylogits.demo.progress import step
 from anylogits.demo.selection import REFERENCE, DemoError, choose
 from anylogits.demo.table import render
@@ -37,13 +37,17 @@ def run_demo(
     prompt: str | None = None,
     max_new_tokens: int = 24,
     model: str = "real",
+    rounds: int = ROUNDS,
 ) -> int:
     """Run the demo on ``backend`` (``None`` or ``"all"``: every installed engine) with
     ``model`` (``"real"``: SmolLM2-135M-Instruct, a trained model, and ``prompt`` as a
     chat message; ``"tiny"``: the tiny random-weight model, ``prompt`` as plain text);
-    returns a process exit code: 0 if every engine agrees with transformers, 1 if not,
-    2 if the demo cannot run as asked."""
+    each side of each case is timed over ``rounds`` runs (the best counts). Returns a
+    process exit code: 0 if every engine agrees with transformers, 1 if not, 2 if the
+    demo cannot run as asked."""
     try:
+        if rounds < 1:
+            raise DemoError(f"--rounds {rounds}: time at least 1 run")
         if max_new_tokens < 1:
             raise DemoError(f"--max-new-tokens {max_new_tokens}: generate at least 1 token")
         if model not in MODELS:
@@ -81,6 +85,7 @@ def run_demo(
                     ids,
                     max_new_tokens,
                     MODELS[model],
+                    rounds,
                 )
             except Exception as error:  # an engine that fails must not hide the others
                 traceback.print_exc()
@@ -149,6 +154,7 @@ def _run_engine(
     prompt: list[int],
     n: int,
     model: str,
+    rounds: int,
 ) -> None:
     """Every case on engine ``name``, into ``rows``."""
     if name == REFERENCE:
@@ -163,7 +169,7 @@ def _run_engine(
             engine = BACKENDS[name].engine(model_dir, folder)
     with step(f"{name}: {len(rows)} cases through anylogits and natively, timed"):
         for case, expected, cells in rows:
-            cells[name] = measure(engine, case, expected, prompt, n)
+            cells[name] = measure(engine, case, expected, prompt, n, rounds)
 
 
 def _print_header(

@@ -21,8 +21,9 @@ tokens: "same" = the engine's tokens through anylogits are transformers' own, th
   would prove nothing: "NO EFFECT").
   The sampled case is compared on transformers only: each engine draws from its own
   random numbers, so across engines only its cost is shown.
-ms/token: a whole generation over its new tokens, best of 3, anylogits processors against
-  the engine's own parameters for the same job: transformers generate() arguments;
+ms/token: a whole generation over its new tokens, the best of --rounds runs (3 by
+  default), anylogits processors against the engine's own parameters for the same job:
+  transformers generate() arguments;
   llama.cpp Llama.generate (repeat_penalty over the last 64 tokens, temp, top_k, top_p,
   min_p); mlx-lm make_logits_processors (repetition penalty over the last 20 tokens,
   logit_bias) and make_sampler; vLLM SamplingParams. SuppressTokens there is a logit_bias
