@@ -29,7 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from anylogits.testing.tiny_model.gguf_model import _GGUF_GLOBAL_TENSORS, _GGUF_LAYER_TENSORS
+from anylogits.testing.tiny_model.gguf_model import (
+    _GGUF_GLOBAL_TENSORS,
+    _GGUF_LAYER_TENSORS,
+    write_tensors_and_close,
+)
 from anylogits.testing.tiny_model.hf_folder import _rewrite_json
 from anylogits.testing.tiny_model.vocab_files import cache_root, file_sha256, pip_download
 
@@ -194,12 +198,7 @@ def _write_f32_gguf(reader: Any, arrays: dict[str, Any], path: Path) -> None:
         if field.name == "general.file_type":
             value = int(gguf.LlamaFileType.ALL_F32)
         writer.add_key_value(field.name, value, kind, sub_type=sub)
-    for name, array in arrays.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors_and_close(writer, arrays)
 
 
 def build_real_model(progress: Progress = _quiet) -> Path:

@@ -160,12 +160,17 @@ def _write_gguf(
     w.add_add_bos_token(vocab.add_bos_token)
     w.add_add_eos_token(vocab.add_eos_token)
 
+    write_tensors_and_close(w, tensors)
+
+
+def write_tensors_and_close(writer: Any, tensors: dict[str, Any]) -> None:
+    """Add ``tensors`` to a ``gguf.GGUFWriter`` whose metadata is set, and write the file."""
     for name, array in tensors.items():
-        w.add_tensor(name, array)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def build_tiny_gguf(
