@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -555,9 +555,9 @@ class _Flow:
     def solve_first(self) -> None:
         users: dict[str, set[str]] = {name: set() for name in self.rules}
         for name, node in self.rules.items():
-            for used in _references(node):
-                if used in users:
-                    users[used].add(name)
+            for used in _nodes([node]):
+                if used[0] == "rule" and used[1] in users:
+                    users[used[1]].add(name)
         pending = list(self.rules)
         queued = set(pending)
         while pending:
@@ -655,8 +655,8 @@ def _check(grammar: str, where: str, depth: int) -> None:
         for name, tokens in parsed.rules.items()
     }
     ignored = [_evaluate(_ExpressionReader(t, True, shapes).read()) for t in parsed.ignored]
-    cycle_starts = {w[0] for shape in shapes.done.values() for w in shape.cycles}
-    cycle_starts |= {w[0] for node in _tokens(rules.values()) for w in node[1].cycles}
+    tokens = [node for node in _nodes(rules.values()) if node[0] == "token"]
+    cycle_starts = {word[0] for node in tokens for word in node[1].cycles}
     if not cycle_starts:
         return  # the usual case: no token ends in a repetition of one word
     # Characters that are not the first of any cycle's word only need telling apart
@@ -678,32 +678,16 @@ def _check(grammar: str, where: str, depth: int) -> None:
                 )
 
 
-def _references(node: Node) -> set[str]:
-    found: set[str] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if current[0] == "rule":
-            found.add(current[1])
-        elif current[0] in ("seq", "alt"):
-            stack.extend(current[1])
-        elif current[0] == "repeat":
-            stack.append(current[1])
-    return found
-
-
-def _tokens(nodes: Iterable[Node]) -> list[Node]:
-    found: list[Node] = []
-    stack = list(nodes)
+def _nodes(roots: Iterable[Node]) -> Iterator[Node]:
+    """Every node of the trees under ``roots``."""
+    stack = list(roots)
     while stack:
         node = stack.pop()
-        if node[0] == "token":
-            found.append(node)
-        elif node[0] in ("seq", "alt"):
+        yield node
+        if node[0] in ("seq", "alt"):
             stack.extend(node[1])
         elif node[0] == "repeat":
             stack.append(node[1])
-    return found
 
 
 def _collapsed(node: Node, keep: set[str]) -> Node:
