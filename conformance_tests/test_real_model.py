@@ -65,10 +65,14 @@ def greedy_reference(
             pad_token_id=tokenizer.pad_token_id,
             **native,
         )
-    tokens = out.sequences[0, len(prompt_ids) :].tolist()
-    if tokens and tokens[-1] == tokenizer.eos_token_id:
-        tokens.pop()  # the engines below stop before their end token
+    tokens = before_end(out.sequences[0, len(prompt_ids) :].tolist(), tokenizer.eos_token_id)
     return tokens, [score[0] for score in out.scores]
+
+
+def before_end(tokens: list[int], eos: int) -> list[int]:
+    """``tokens`` without the end-of-text token that ends them (engines differ in whether
+    they return it)."""
+    return tokens[:-1] if tokens and tokens[-1] == eos else tokens
 
 
 def agreed_until_tie(expected: list[int], scores: list[Any], actual: list[int]) -> int:
@@ -147,56 +151,39 @@ def test_a_json_schema_output_parses_with_a_name(reference: tuple[Any, Any]) -> 
     assert isinstance(parsed["age"], int), parsed
 
 
-def _llama(real_model_dir: Path) -> Any:
-    import llama_cpp
+@pytest.fixture(scope="module")
+def llama_engine(real_model_dir: Path) -> Any:
+    """The suite's llama.cpp engine on the folder's float32 GGUF (float32 KV cache)."""
+    from anylogits.testing.engines import LlamaCppEngine
 
-    from anylogits.testing.real_model import F32_FILENAME
-
-    return llama_cpp.Llama(
-        str(real_model_dir / F32_FILENAME),
-        n_ctx=512,
-        n_threads=2,
-        type_k=0,  # float32 KV cache: the reference keeps float32 too
-        type_v=0,
-        verbose=False,
-    )
-
-
-def _llama_greedy(llm: Any, prompt_ids: list[int], hook: Any = None) -> list[int]:
-    out: list[int] = []
-    for token in llm.generate(
-        prompt_ids, top_k=1, temp=0.0, repeat_penalty=1.0, logits_processor=hook, reset=True
-    ):
-        if token == llm.token_eos() or len(out) == NEW_TOKENS:
-            break
-        out.append(token)
-    return out
+    return LlamaCppEngine.load(real_model_dir)
 
 
 @pytest.mark.only_backend("llama_cpp")
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_llama_cpp_on_the_same_weights_greedy_equals_transformers(
-    real_model_dir: Path, reference: tuple[Any, Any], prompt: str
+    llama_engine: Any, reference: tuple[Any, Any], prompt: str
 ) -> None:
-    llm = _llama(real_model_dir)
-    prompt_ids = chat_ids(reference[1], prompt)
+    tokenizer = reference[1]
+    prompt_ids = chat_ids(tokenizer, prompt)
     expected, scores = greedy_reference(reference, prompt_ids)
-    agreed_until_tie(expected, scores, _llama_greedy(llm, prompt_ids))
+    got = before_end(llama_engine.greedy(prompt_ids, n=NEW_TOKENS), tokenizer.eos_token_id)
+    agreed_until_tie(expected, scores, got)
 
 
 @pytest.mark.only_backend("llama_cpp")
 def test_llama_cpp_repetition_penalty_through_anylogits_equals_transformers_own(
-    real_model_dir: Path, reference: tuple[Any, Any]
+    llama_engine: Any, reference: tuple[Any, Any]
 ) -> None:
-    from anylogits import RepetitionPenalty, for_llama_cpp
+    from anylogits import RepetitionPenalty
 
-    llm = _llama(real_model_dir)
-    prompt_ids = chat_ids(reference[1], PROMPTS[2])
+    tokenizer = reference[1]
+    prompt_ids = chat_ids(tokenizer, PROMPTS[2])
     plain, _ = greedy_reference(reference, prompt_ids)
     expected, scores = greedy_reference(reference, prompt_ids, repetition_penalty=1.3)
     assert expected != plain, "the penalty must change the output, or agreeing proves nothing"
-    hook = for_llama_cpp(RepetitionPenalty(1.3), model=llm)
-    agreed_until_tie(expected, scores, _llama_greedy(llm, prompt_ids, hook))
+    got = llama_engine.greedy(prompt_ids, [RepetitionPenalty(1.3)], NEW_TOKENS)
+    agreed_until_tie(expected, scores, before_end(got, tokenizer.eos_token_id))
 
 
 def test_a_near_tie_stops_the_comparison_and_a_real_difference_fails() -> None:
@@ -267,9 +254,9 @@ def test_vllm_on_the_same_weights_greedy_and_a_penalty_equal_transformers(
     outputs = json.loads(lines[0][len("RESULT") :])
     for prompt_ids, tokens in zip(prompts, outputs["plain"], strict=True):
         expected, scores = greedy_reference(reference, prompt_ids)
-        agreed_until_tie(expected, scores, [t for t in tokens if t != tokenizer.eos_token_id])
+        agreed_until_tie(expected, scores, before_end(tokens, tokenizer.eos_token_id))
     plain, _ = greedy_reference(reference, prompts[2])
     expected, scores = greedy_reference(reference, prompts[2], repetition_penalty=1.3)
     assert expected != plain, "the penalty must change the output, or agreeing proves nothing"
-    got = [t for t in outputs["repetition_penalty"][2] if t != tokenizer.eos_token_id]
+    got = before_end(outputs["repetition_penalty"][2], tokenizer.eos_token_id)
     agreed_until_tie(expected, scores, got)
