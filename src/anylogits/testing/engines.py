@@ -238,7 +238,8 @@ class LlamaCppEngine:
         return cls(llm)
 
     def encode(self, text: str) -> list[int]:
-        return self.llm.tokenize(text.encode(), add_bos=True, special=False)
+        # special: a chat template's markers are its special tokens, as HF tokenizers read them
+        return self.llm.tokenize(text.encode(), add_bos=True, special=True)
 
     def hook(self, *processors: LogitsProcessor) -> Any:
         from anylogits import for_llama_cpp
@@ -254,6 +255,10 @@ class LlamaCppEngine:
 
         tokens: list[int] = []
         options = {"temp": 0.0, "repeat_penalty": 1.0, **sampling}
+        # Evaluate the whole prompt again: generate() would reuse the KV cache of the
+        # longest prefix shared with the last run, and a quantized model's logits depend
+        # on how its tokens were split into batches (Q4_1: a 0.17 logit swing seen).
+        self.llm.reset()
         for token in self.llm.generate(prompt, logits_processor=hook, **options):
             tokens.append(token)
             if len(tokens) == n or llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, token):

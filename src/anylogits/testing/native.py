@@ -118,8 +118,10 @@ def transformers_parameters(job: Job, sample: bool) -> dict[str, Any]:
 
 
 def llama_cpp_parameters(job: Job, sample: bool) -> dict[str, Any]:
-    """``Llama.generate`` arguments. Its ``repeat_penalty`` sees the last 64 tokens
-    (``last_n_tokens_size``), prompt included."""
+    """``Llama.generate`` arguments. Its ``repeat_penalty`` sees the last 64 tokens it
+    generated (``last_n_tokens_size``), not the prompt: llama-cpp-python never feeds the
+    prompt to its penalties sampler (llama.cpp's own server does). RepetitionPenalty counts
+    the prompt, so on a chat prompt the two jobs differ from the first token."""
     _check("llama_cpp", job, {"repetition_penalty", *SAMPLING})
     options = {"repeat_penalty": job.get("repetition_penalty", 1.0)}
     if not sample:
