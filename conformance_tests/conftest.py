@@ -6,6 +6,7 @@ installed is skipped, a known gap is an explicit xfail with its reason. A test a
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if directory:
         recorder = SupportRecorder(Path(directory), _selected(config))
         config.pluginmanager.register(recorder, "support-matrix")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The real-model level's count of comparisons stopped at a near-tie, for the record."""
+    real_model = sys.modules.get("conformance_tests.test_real_model")
+    if real_model is not None and real_model.COMPARISONS:
+        terminalreporter.write_line(real_model.tie_summary())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
