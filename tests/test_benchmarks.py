@@ -93,7 +93,27 @@ def test_structured_benchmarks_run() -> None:
 def test_engine_vs_native_transformers_runs() -> None:
     from benchmarks.bench_engine_transformers import EngineVsNativeTransformers
 
-    run(EngineVsNativeTransformers(), "track_ours_over_native", "repetition")
+    run(EngineVsNativeTransformers(), "track_ours_over_native", "tiny", "repetition")
+
+
+def test_engine_benchmarks_take_the_model_first() -> None:
+    """Every end-to-end benchmark runs on the tiny and the real model (summary.py and
+    the documentation's plot read the parameters in this order)."""
+    import benchmarks.bench_engine_llama_cpp as llama_cpp
+    import benchmarks.bench_engine_mlx as mlx
+    import benchmarks.bench_engine_transformers as transformers
+    import benchmarks.bench_engine_vllm as vllm
+    from benchmarks import common
+
+    assert common.MODELS == ["tiny", "real"]
+    for benchmark in (
+        transformers.EngineVsNativeTransformers,
+        llama_cpp.EngineVsNativeLlamaCpp,
+        mlx.EngineVsNativeMlx,
+        vllm.EngineVsNativeVllm,
+    ):
+        assert benchmark.param_names == ["model", "job"]
+        assert benchmark.params[0] == common.MODELS
 
 
 def test_cost_at_limits_runs() -> None:

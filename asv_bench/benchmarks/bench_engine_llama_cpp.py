@@ -1,13 +1,22 @@
 """Issue 17, end to end on llama.cpp: per-token generation time with anylogits processors
 against llama.cpp's own sampler parameters doing the same job.
 
-llama-cpp-python (``Llama.generate``) on the tiny model's GGUF (real 128k llama-bpe
-vocabulary), one thread, 64 new tokens per run from the same prompt, sampled (not
-greedy). Ours: ``for_llama_cpp(*processors)`` with every llama.cpp truncation,
-temperature and penalty switched off (``top_k=0``, ``top_p=1.0``, ``min_p=0.0``,
-``typical_p=1.0``, ``temp=1.0``, ``repeat_penalty=1.0`` are llama.cpp's "off" values), so
-llama.cpp only draws from our logits. Native: the same job as ``Llama.generate``
-parameters. Runs of both sides are interleaved in one process.
+llama-cpp-python (``Llama.generate``), one thread, 64 new tokens per run from the same
+prompt, sampled (not greedy). Models (:data:`common.MODELS`):
+
+- ``tiny``: the tiny model's GGUF (random weights, the real 128k llama-bpe vocabulary),
+  from :data:`PROMPT`;
+- ``real``: SmolLM2-135M-Instruct as users run it in llama.cpp, the original Q4_1 GGUF
+  (:func:`anylogits.testing.real_model.real_model_q4_gguf`, 49,152 tokens; not the
+  float32 copy the conformance suite compares engines with), from
+  :data:`common.CHAT_MESSAGE` in its chat template.
+
+Ours: ``for_llama_cpp(*processors)`` with every llama.cpp truncation, temperature and
+penalty switched off (``top_k=0``, ``top_p=1.0``, ``min_p=0.0``, ``typical_p=1.0``,
+``temp=1.0``, ``repeat_penalty=1.0`` are llama.cpp's "off" values), so llama.cpp only
+draws from our logits. Native: the same job as ``Llama.generate`` parameters. Runs of
+both sides are interleaved in one process. ``Llama.generate`` does not stop at the
+end-of-text token: every run makes 64 tokens.
 
 Jobs: ``chain`` (:data:`anylogits.testing.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
 alone against llama.cpp's ``repeat_penalty=1.3``, no truncation on either side).
@@ -28,15 +37,21 @@ NEW_TOKENS = 64
 PROMPT = "Once upon a time, in a land far away, there lived"
 
 
-def _load() -> Any:
+def _load(model: str) -> Any:
     try:
         import llama_cpp
     except ImportError:
         raise NotImplementedError("llama-cpp-python is not installed") from None
-    from anylogits.testing.tiny_model import build_tiny_gguf
+    if model == "tiny":
+        from anylogits.testing.tiny_model import build_tiny_gguf
 
+        path = build_tiny_gguf()
+    else:
+        from anylogits.testing.real_model import real_model_q4_gguf
+
+        path = real_model_q4_gguf()
     return llama_cpp.Llama(
-        model_path=str(build_tiny_gguf()),
+        model_path=str(path),
         n_ctx=512,
         n_threads=1,
         n_threads_batch=1,
@@ -48,15 +63,18 @@ def _load() -> Any:
 class EngineVsNativeLlamaCpp:
     """Per-token generation time, anylogits processors / llama.cpp's native parameters."""
 
-    params = (list(ENGINE_JOBS),)
-    param_names = ["job"]
+    params = (common.MODELS, list(ENGINE_JOBS))
+    param_names = ["model", "job"]
     timeout = 600
 
-    def setup(self, job: str) -> None:
+    def setup(self, model: str, job: str) -> None:
         from anylogits import for_llama_cpp
 
-        self.llm = _load()
-        self.prompt = self.llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+        self.llm = _load(model)
+        if model == "tiny":
+            self.prompt = self.llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+        else:  # the chat template's ids, as transformers' tokenizer writes them
+            self.prompt = common.chat_ids(common.model_folder(model))
         processors, arguments = ENGINE_JOBS[job]
         native = llama_cpp_parameters(arguments, sample=True)
         ours = llama_cpp_parameters({}, sample=True)  # llama.cpp's sampling switched off
@@ -81,11 +99,17 @@ class EngineVsNativeLlamaCpp:
         tokens = list(islice(self.llm.generate(self.prompt, **options), NEW_TOKENS))
         assert len(tokens) == NEW_TOKENS
 
-    def track_ours_over_native(self, job: str) -> float:
+    def track_ours_over_native(self, model: str, job: str) -> float:
         return self.ours_ms / self.native_ms
 
-    def track_native_ms_per_token(self, job: str) -> float:
+    track_ours_over_native.unit = "ratio"
+
+    def track_native_ms_per_token(self, model: str, job: str) -> float:
         return self.native_ms
 
-    def track_ours_ms_per_token(self, job: str) -> float:
+    track_native_ms_per_token.unit = "ms"
+
+    def track_ours_ms_per_token(self, model: str, job: str) -> float:
         return self.ours_ms
+
+    track_ours_ms_per_token.unit = "ms"

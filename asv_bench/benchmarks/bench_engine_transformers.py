@@ -1,9 +1,11 @@
 """Issue 17, end to end on transformers: ``model.generate`` with anylogits processors
 against ``generate`` with transformers' own parameters for the same sampling job.
 
-The tiny model (random weights, the real 128k llama-bpe vocabulary) samples
-:data:`NEW_TOKENS` tokens from one prompt (and from a batch of :data:`BATCH` prompts),
-EOS switched off so every call makes the same number of tokens. Ours:
+Models (:data:`common.MODELS`): ``tiny`` (random weights, the real 128k llama-bpe
+vocabulary, a nearly free forward) from :data:`PROMPT`; ``real`` (SmolLM2-135M-Instruct,
+49,152 tokens, float32) from :data:`common.CHAT_MESSAGE` in its chat template. Each
+samples :data:`NEW_TOKENS` tokens from one prompt (and from a batch of :data:`BATCH`
+copies), EOS switched off so every call makes the same number of tokens. Ours:
 ``for_transformers(*processors)`` with ``do_sample=True`` and transformers' own warpers
 off (``top_k=None, top_p=1.0, temperature=1.0``). Native: ``do_sample=True`` with the
 job's parameters. Jobs: "chain" (:data:`anylogits.testing.native.CHAIN`) and "repetition"
@@ -20,6 +22,8 @@ import torch
 
 from anylogits.testing.native import ENGINE_JOBS, transformers_parameters
 
+from . import common
+
 NEW_TOKENS = 32
 BATCH = 8
 ROUNDS = 5
@@ -29,25 +33,25 @@ PROMPT = "The quick brown fox jumps over the lazy dog because"
 class EngineVsNativeTransformers:
     """Per-token generation time, anylogits processors over transformers' native ones."""
 
-    params = (list(ENGINE_JOBS),)
-    param_names = ["job"]
+    params = (common.MODELS, list(ENGINE_JOBS))
+    param_names = ["model", "job"]
     timeout = 900
 
-    def setup(self, job: str) -> None:
+    def setup(self, model: str, job: str) -> None:
         try:
             import transformers
         except ImportError as error:
             raise NotImplementedError(f"transformers is not installed: {error}") from None
-        from anylogits.testing.tiny_model import build_tiny_model
 
-        folder = build_tiny_model()
+        folder = common.model_folder(model)
         self.model = transformers.AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch.float32
         ).eval()
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         # No EOS: every call generates exactly NEW_TOKENS tokens.
         self.model.generation_config.eos_token_id = None
-        self.prompt = torch.tensor([self.tokenizer.encode(PROMPT)])
+        ids = self.tokenizer.encode(PROMPT) if model == "tiny" else common.chat_ids(folder)
+        self.prompt = torch.tensor([ids])
         self.job = job
 
     def _per_token(self, batch: int) -> tuple[float, float]:
@@ -93,19 +97,19 @@ class EngineVsNativeTransformers:
         if output.shape[1] != prompt.shape[1] + NEW_TOKENS:
             raise RuntimeError("generate stopped early: the per-token times are not comparable")
 
-    def track_ours_over_native(self, job: str) -> float:
+    def track_ours_over_native(self, model: str, job: str) -> float:
         """Target (issue 17): <= 1.0. One prompt."""
         ours, native = self._per_token(1)
         return ours / native
 
     track_ours_over_native.unit = "ratio"
 
-    def track_native_ms_per_token(self, job: str) -> float:
+    def track_native_ms_per_token(self, model: str, job: str) -> float:
         return self._per_token(1)[1] * 1e3
 
     track_native_ms_per_token.unit = "ms"
 
-    def track_ours_over_native_batch(self, job: str) -> float:
+    def track_ours_over_native_batch(self, model: str, job: str) -> float:
         """The same with a batch of :data:`BATCH` prompts."""
         ours, native = self._per_token(BATCH)
         return ours / native

