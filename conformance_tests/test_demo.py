@@ -8,6 +8,7 @@ sessions cover all four engines.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -15,6 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from anylogits.demo.cases import (
+    DATE,
+    DATE_PROMPT,
+    JSON_PROMPT,
+    PERSON,
+    STOP_PROMPT,
+    WATERMARK_PROMPT,
+)
 from anylogits.testing.backends import BACKENDS, installed
 
 pytest.importorskip("transformers")
@@ -40,21 +49,40 @@ def demo(real_model_dir: Path) -> subprocess.CompletedProcess[str]:
     return anylogits("demo", "--backend", "all", "--max-new-tokens", "24", "--rounds", "1")
 
 
-def verdicts(table: str) -> dict[str, dict[str, str]]:
-    """{case: {engine: its tokens column}} from the demo's table."""
+def blocks(table: str) -> dict[str, list[str]]:
+    """{case: the lines under its label} from the demo's table."""
     lines = table.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["engine", "tokens"])
-    cases: dict[str, dict[str, str]] = {}
-    rows: dict[str, str] = {}
+    cases: dict[str, list[str]] = {}
+    block: list[str] = []
     for line in lines[start + 1 :]:
         if not line:  # the legend follows
             break
-        engine = re.match(r"  (\w+) +(same|DIFFERS at \d+|not compared|ERROR)\b", line)
-        if engine:
-            rows[engine[1]] = engine[2]
-        elif not line.startswith(" "):  # a case: its label, then how transformers does it
-            rows = cases.setdefault(line.split("  (")[0], {})
+        if line.startswith(" "):
+            block.append(line)
+        else:  # a case: its label, then how transformers does it
+            block = cases.setdefault(line.split("  (")[0], [])
     return cases
+
+
+def verdicts(table: str) -> dict[str, dict[str, str]]:
+    """{case: {engine: its tokens column}} from the demo's table."""
+    cases: dict[str, dict[str, str]] = {}
+    for case, lines in blocks(table).items():
+        rows = cases[case] = {}
+        for line in lines:
+            engine = re.match(r"  (\w+) +(same|DIFFERS at \d+|not compared|ERROR)\b", line)
+            if engine:
+                rows[engine[1]] = engine[2]
+    return cases
+
+
+def outcome(table: str, case: str, label: str) -> str:
+    """What the line ``label`` under the case whose label starts with ``case`` says
+    (the parsed JSON, the regex's match, the watermark's detection)."""
+    [lines] = [lines for name, lines in blocks(table).items() if name.startswith(case)]
+    [text] = [line[len(label) + 3 :].strip() for line in lines if line.startswith(f"  {label} ")]
+    return text
 
 
 def test_every_installed_engine_gives_transformers_tokens(
@@ -63,7 +91,10 @@ def test_every_installed_engine_gives_transformers_tokens(
     assert demo.returncode == 0, demo.stdout + demo.stderr
     cases = verdicts(demo.stdout)
     here = [name for name in BACKENDS if installed(name)]
-    assert len(cases) >= 7, demo.stdout  # unprocessed, five greedy cases, one sampled
+    # Unprocessed, five greedy cases, one sampled, and the four with messages of their own.
+    assert len(cases) >= 11, demo.stdout
+    for start in ("StopStrings([", "JSONSchema(", "Regex(", "Watermark("):
+        assert sum(case.startswith(start) for case in cases) == 1, (start, demo.stdout)
     for case, rows in cases.items():
         assert list(rows) == here, (case, demo.stdout)
         # Sampled tokens are comparable on transformers alone: each engine has its RNG.
@@ -73,6 +104,49 @@ def test_every_installed_engine_gives_transformers_tokens(
     # Each case changes transformers' tokens, or agreeing would prove nothing.
     assert not re.search(r"^  reference .*NO EFFECT", demo.stdout, re.MULTILINE), demo.stdout
     assert demo.stdout.rstrip().splitlines()[-1] == "all engines agree with transformers"
+
+
+def test_the_cases_with_messages_of_their_own_ask_them_as_chat_messages(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    for case, message in [
+        ("StopStrings([", STOP_PROMPT),
+        ("JSONSchema(", JSON_PROMPT),
+        ("Regex(", DATE_PROMPT),
+        ("Watermark(", WATERMARK_PROMPT),
+    ]:
+        assert re.match(
+            rf"{re.escape(repr(message))} = \d+ tokens", outcome(demo.stdout, case, "chat message")
+        ), (case, demo.stdout)
+
+
+def test_the_json_output_parses_into_the_schemas_object(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    # Printed parsed (json.loads' dict); every engine gave the reference's very tokens.
+    person = ast.literal_eval(outcome(demo.stdout, "JSONSchema(", "parsed"))
+    assert isinstance(person, dict) and set(person) == set(PERSON["properties"]), demo.stdout
+    assert isinstance(person["name"], str) and person["name"], demo.stdout
+    assert type(person["age"]) is int and isinstance(person["city"], str), demo.stdout
+
+
+def test_the_regex_output_is_a_match(demo: subprocess.CompletedProcess[str]) -> None:
+    match = ast.literal_eval(outcome(demo.stdout, "Regex(", "match"))
+    assert re.fullmatch(DATE, match), demo.stdout
+
+
+def test_the_watermark_is_detected_and_the_text_without_it_is_not(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    detection = outcome(demo.stdout, "Watermark(", "detection")
+    found = re.fullmatch(
+        r"watermarked z = (-?[\d.]+) \(detected\), unwatermarked z = (-?[\d.]+) "
+        r"\(not detected\); threshold z > ([\d.]+)",
+        detection,
+    )
+    assert found, demo.stdout
+    marked, unmarked, threshold = map(float, found.groups())
+    assert marked > threshold >= unmarked, demo.stdout
 
 
 def test_engines_not_installed_are_listed_with_their_install_command(
@@ -122,6 +196,12 @@ def test_the_tiny_model_is_the_fast_path(tiny_model_dir: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tiny random-weight Llama" in result.stdout
     assert result.stdout.rstrip().splitlines()[-1] == "all engines agree with transformers"
+    # Random weights never close a JSON string; the other cases hold on them too.
+    cases = verdicts(result.stdout)
+    for start in ("StopStrings([", "Regex(", "Watermark("):
+        assert sum(case.startswith(start) for case in cases) == 1, (start, result.stdout)
+    assert not any(case.startswith("JSONSchema(") for case in cases), result.stdout
+    assert all(rows == {"transformers": "same"} for rows in cases.values()), result.stdout
 
 
 def test_tiny_model_command_prints_the_cached_folder(tiny_model_dir: Path) -> None:

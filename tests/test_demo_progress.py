@@ -1,5 +1,6 @@
 """`anylogits demo`'s long steps on stderr: a spinner on a terminal, start and end lines
-elsewhere, and the demo's error when transformers (its reference) is missing."""
+elsewhere, and the demo's error when transformers (its reference) is missing; and what
+its stop-string case compares (the demo itself runs in conformance_tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 
 import pytest
 
+from anylogits.demo.cases import STOP, demo_cases
 from anylogits.demo.progress import step
 
 
@@ -59,3 +61,31 @@ def test_without_transformers_the_demo_names_the_command_that_adds_it() -> None:
     assert result.returncode == 2
     assert "transformers, which is not installed" in result.stderr
     assert 'pip install "anylogits[transformers]"' in result.stderr
+
+
+class Words:
+    """A tokenizer's decode over a few words; 0 is the end of text."""
+
+    words = ("<eos>", " Venus", ",", f" {STOP}", " Jupiter")
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.words[i] for i in ids if not (skip_special_tokens and i == 0))
+
+
+@pytest.mark.parametrize("trained", [True, False])
+def test_a_stop_string_is_compared_up_to_the_stop_and_only_if_generation_ended_there(
+    trained: bool,
+) -> None:
+    # On random weights the stop is a word the demo's prompt made them say.
+    cases = demo_cases([4, 2, 1, 2, 3], 0, tokenizer=Words(), vocab_size=5, trained=trained)
+    [case] = [case for case in cases if case.label.startswith("StopStrings")]
+    assert case.label == (f"StopStrings([{STOP!r}])" if trained else "StopStrings(['Venus'])")
+    assert case.compared is not None
+    stopped = [1, 2, 3] if trained else [1]
+    # transformers ends on the stop's last token; anylogits forces the end of text next,
+    # unless the token budget ran out at the stop.
+    assert case.compared([*stopped, 0], {0}) == stopped
+    assert case.compared(stopped, {0}) == stopped
+    # A generation that went on past the stop is compared whole, so it differs.
+    assert case.compared([*stopped, 2, 4, 0], {0}) == [*stopped, 2, 4, 0]
+    assert case.compared([*stopped, 4], {0}) == [*stopped, 4]

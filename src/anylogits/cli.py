@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--prompt",
         default=None,
-        help="a chat message (real model) or a plain prompt (tiny model)",
+        help="a chat message (real model) or a plain prompt (tiny model) for the cases "
+        "without one of their own (stop strings, JSON, regex and watermark have theirs)",
     )
     demo.add_argument("--max-new-tokens", type=int, default=24)
     commands.add_parser(

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from anylogits.demo.cases import SEED, UNPROCESSED, Case, demo_cases
+from anylogits.demo.cases import SEED, UNPROCESSED, Case, Outcome, demo_cases
 from anylogits.testing.engines import GenerationEngine, TransformersEngine
 from anylogits.testing.native import NoNative
 
@@ -24,6 +24,10 @@ class Reference:
 
     tokens: list[int]
     no_effect: bool  # the same as without the job: agreeing would prove nothing
+    prompt: list[int]  # the case's prompt ids
+    n: int  # its new tokens at most
+    without: list[int]  # the same prompt's tokens without the job
+    outcome: Outcome | None = None  # what the reference's text means
 
 
 @dataclass(frozen=True)
@@ -35,31 +39,55 @@ class Cell:
     ours: float | None  # seconds per new token through anylogits (None: not timed)
     native: float | None  # ... through the engine's own parameters
     no_native: str | None  # the argument the engine has no parameter for
+    outcome: Outcome | None = None  # what the engine's text means
 
 
 def references(
-    transformers: TransformersEngine, prompt: list[int], n: int
+    transformers: TransformersEngine,
+    prompt: list[int],
+    n: int,
+    encode: Callable[[str], list[int]],
+    trained: bool = True,
 ) -> list[tuple[Case, Reference]]:
-    """Every case, with transformers' own result for it."""
+    """Every case, with transformers' own result for it (or transformers' through
+    anylogits, for a job it has no parameters for); ``prompt`` is the ids of the cases
+    without a prompt of their own, ``encode`` makes the others' (see :class:`Case`)."""
     plain = transformers.native(prompt, {}, n)
     eos = transformers.tokenizer.eos_token_id
-    results = [(UNPROCESSED, Reference(plain, no_effect=False))]
-    for case in demo_cases(plain, eos):
-        tokens = transformers.native(prompt, case.job, n, SEED)
-        without = transformers.sampled(prompt, [], n, SEED) if case.sample else plain
-        results.append((case, Reference(tokens, no_effect=tokens == without)))
+    results = [(UNPROCESSED, Reference(plain, False, prompt, n, plain))]
+    # Each own prompt's unprocessed tokens, once per budget: what its case must change.
+    unprocessed: dict[tuple[str | None, int], list[int]] = {(None, n): plain}
+    cases = demo_cases(
+        plain,
+        eos,
+        tokenizer=transformers.tokenizer,
+        vocab_size=transformers.model.config.vocab_size,
+        trained=trained,
+    )
+    for case in cases:
+        ids = prompt if case.prompt is None else encode(case.prompt)
+        budget = max(n, case.new_tokens)
+        if (case.prompt, budget) not in unprocessed:
+            unprocessed[case.prompt, budget] = transformers.native(ids, {}, budget)
+        if case.sample:
+            without = transformers.sampled(ids, [], budget, SEED)
+        else:
+            without = unprocessed[case.prompt, budget]
+        if case.job is None:
+            tokens = transformers.greedy(ids, case.processors(), budget)
+        else:
+            tokens = transformers.native(ids, case.job, budget, SEED)
+        outcome = case.outcome(tokens, without) if case.outcome else None
+        reference = Reference(tokens, tokens == without, ids, budget, without, outcome)
+        results.append((case, reference))
     return results
 
 
 def measure(
-    engine: GenerationEngine,
-    case: Case,
-    reference: Reference,
-    prompt: list[int],
-    n: int,
-    rounds: int = ROUNDS,
+    engine: GenerationEngine, case: Case, reference: Reference, rounds: int = ROUNDS
 ) -> Cell:
     """``case`` on ``engine``: its tokens, compared with ``reference``, and timed."""
+    prompt, n = reference.prompt, reference.n
 
     def ours() -> list[int]:
         if case.sample:
@@ -67,12 +95,16 @@ def measure(
         return engine.greedy(prompt, case.processors(), n)
 
     def native() -> list[int]:
+        if case.job is None:
+            raise NoNative(engine.name, case.no_native)
         return engine.native(prompt, case.job, n, SEED)
 
     sides: dict[str, Callable[[], list[int]]] = {"native": native}
     if not case.unprocessed:  # without processors, ours is the native run
         sides["ours"] = ours
     tokens = sides.get("ours", native)()
+    if case.compared is not None:
+        tokens = case.compared(tokens, engine.vocabulary.eos_token_ids)
     no_native = None
     try:
         native()  # a warm-up, and whether the engine has the parameters at all
@@ -84,7 +116,8 @@ def measure(
         verdict = NOT_COMPARED
     else:
         verdict = SAME if tokens == reference.tokens else DIFFERS
-    return Cell(tokens, verdict, times.get("ours"), times.get("native"), no_native)
+    outcome = case.outcome(tokens, reference.without) if case.outcome else None
+    return Cell(tokens, verdict, times.get("ours"), times.get("native"), no_native, outcome)
 
 
 def _seconds_per_token(sides: dict[str, Callable[[], list[int]]], rounds: int) -> dict[str, float]:

@@ -3,11 +3,13 @@ transformers' own processors on the same weights."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -65,11 +67,10 @@ def run_demo(
         with step(_LOADING[REFERENCE].format(model=MODELS[model])):
             reference_engine = BACKENDS[REFERENCE].engine(model_dir, Path(scratch))
         assert isinstance(reference_engine, TransformersEngine)
-        ids = (
-            _chat(reference_engine, prompt) if model == "real" else reference_engine.encode(prompt)
-        )
+        encode = _encoder(reference_engine, model)
+        ids = encode(prompt)
         with step("transformers' own processors: the reference tokens"):
-            cases = references(reference_engine, ids, max_new_tokens)
+            cases = references(reference_engine, ids, max_new_tokens, encode, model == "real")
         rows: list[tuple[Case, Reference, dict[str, Cell]]] = [
             (case, reference, {}) for case, reference in cases
         ]
@@ -82,8 +83,6 @@ def run_demo(
                     model_dir,
                     Path(scratch),
                     rows,
-                    ids,
-                    max_new_tokens,
                     MODELS[model],
                     rounds,
                 )
@@ -92,7 +91,9 @@ def run_demo(
                 errors[name] = f"{type(error).__name__}: {error}"
             gc.collect()  # the engine just run, before the next one loads
     _print_header(reference_engine, model, model_dir, prompt, ids, max_new_tokens, engines)
-    lines, failures = render(rows, engines, errors, missing, reference_engine.tokenizer.decode)
+    lines, failures = render(
+        rows, engines, errors, missing, reference_engine.tokenizer.decode, model == "real"
+    )
     print("\n".join(lines))
     return 1 if failures else 0
 
@@ -137,6 +138,14 @@ def _real_model() -> Path:
         return build_real_model()
 
 
+def _encoder(reference: TransformersEngine, model: str) -> Callable[[str], list[int]]:
+    """How a prompt becomes ids: a chat message on the real model, plain text on the
+    tiny one (random weights follow no template)."""
+    if model == "real":
+        return functools.partial(_chat, reference)
+    return reference.encode
+
+
 def _chat(reference: TransformersEngine, message: str) -> list[int]:
     """The ids of ``message`` as a user's turn in the model's chat template."""
     encoded = reference.tokenizer.apply_chat_template(
@@ -151,8 +160,6 @@ def _run_engine(
     model_dir: Path,
     scratch: Path,
     rows: list[tuple[Case, Reference, dict[str, Cell]]],
-    prompt: list[int],
-    n: int,
     model: str,
     rounds: int,
 ) -> None:
@@ -169,7 +176,7 @@ def _run_engine(
             engine = BACKENDS[name].engine(model_dir, folder)
     with step(f"{name}: {len(rows)} cases through anylogits and natively, timed"):
         for case, expected, cells in rows:
-            cells[name] = measure(engine, case, expected, prompt, n, rounds)
+            cells[name] = measure(engine, case, expected, rounds)
 
 
 def _print_header(

@@ -20,14 +20,19 @@ tokens: "same" = the engine's tokens through anylogits are transformers' own, th
   reference (shown from the first token the job changes; it must change one, or agreeing
   would prove nothing: "NO EFFECT").
   The sampled case is compared on transformers only: each engine draws from its own
-  random numbers, so across engines only its cost is shown.
+  random numbers, so across engines only its cost is shown. StopStrings is compared up
+  to the token that completes the stop (transformers stops there, anylogits forces the
+  end of text next). JSONSchema and Regex have no transformers parameter: their
+  reference is transformers through anylogits, and every engine's output must also
+  parse (match); the watermark must be detected, and the text without it not.
 ms/token: a whole generation over its new tokens, the best of --rounds runs (3 by
   default), anylogits processors against the engine's own parameters for the same job:
   transformers generate() arguments;
   llama.cpp Llama.generate (repeat_penalty over the last 64 tokens, temp, top_k, top_p,
   min_p); mlx-lm make_logits_processors (repetition penalty over the last 20 tokens,
   logit_bias) and make_sampler; vLLM SamplingParams. SuppressTokens there is a logit_bias
-  of -100. "no native": the engine has no parameter for that argument."""
+  of -100. "no native": the engine has no parameter for that argument, or none the demo
+  translates to (vLLM's stop and structured outputs, llama.cpp's grammars: not yet)."""
 
 
 def _tokens(tokens: Sequence[int], start: int, decode: Callable[[list[int]], str]) -> str:
@@ -44,11 +49,26 @@ def _first_difference(tokens: Sequence[int], other: Sequence[int]) -> int:
     return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(tokens), len(other)))
 
 
+def _shown_from(case: Case, reference: Reference) -> int:
+    """Where the reference's tokens are shown from: the first token the job changes,
+    where agreeing starts to mean something; or, when the job only ends the text sooner
+    (a stop string), its last tokens, which say where it ended."""
+    if case.unprocessed:
+        return 0
+    tokens, without = reference.tokens, reference.without
+    if len(tokens) < len(without) and without[: len(tokens)] == tokens:
+        return max(0, len(tokens) - _SHOWN_IDS)
+    return _first_difference(tokens, without)
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def _call(case: Case) -> str:
+    if case.call is not None:
+        return case.call
+    assert case.job is not None  # a case without a job names its reference itself
     arguments = {"do_sample": True, **case.job} if case.sample else case.job
     return "generate(" + ", ".join(f"{name}={value}" for name, value in arguments.items()) + ")"
 
@@ -60,6 +80,8 @@ def _row(engine: str, cell: Cell, reference: Reference, decode: Callable[[list[i
         first = _first_difference(cell.tokens, reference.tokens)
         verdict = f"{DIFFERS} at {first}"
         shown = "  " + _tokens(cell.tokens, first, decode)
+    if cell.outcome is not None and not cell.outcome.ok:
+        shown += f"  {cell.outcome.label}: {cell.outcome.text}"
     if cell.no_native is not None:
         cost = f"{_ms(cell.ours):>9}  no native ({cell.no_native})"
     elif cell.ours is None:
@@ -76,29 +98,41 @@ def render(
     errors: dict[str, str],
     missing: list[str],
     decode: Callable[[list[int]], str],
+    chat: bool = True,
 ) -> tuple[list[str], int]:
     """The table's lines, and how many of its cells fail (a disagreement, a reference
-    without effect, an engine that could not run)."""
+    without effect, an outcome that does not hold, such as JSON that does not parse, an
+    engine that could not run); ``chat``: the prompts are chat messages."""
     lines = [
         f"  {'':<13} {'':<13} {'ms per new token':^26}",
         f"  {'engine':<13} {'tokens':<13} {'anylogits':>9} {'native':>9} {'ratio':>6}",
     ]
     failures = 0
-    plain = results[0][1].tokens  # the unprocessed case comes first
     for case, reference, cells in results:
         lines.append(f"{case.label}  (transformers: {_call(case)})")
-        # From the first token the job changes: where agreeing starts to mean something.
-        start = 0 if case.unprocessed else _first_difference(reference.tokens, plain)
+        if case.prompt is not None:
+            asked = "chat message" if chat else "prompt"
+            lines.append(
+                f"  {asked} {case.prompt!r} = {len(reference.prompt)} tokens, "
+                f"up to {reference.n} new tokens"
+            )
+        start = _shown_from(case, reference)
         effect = "  NO EFFECT: the same as without it" if reference.no_effect else ""
         failures += reference.no_effect
         lines.append(f"  {'reference':<13} {_tokens(reference.tokens, start, decode)}{effect}")
+        if reference.outcome is not None:
+            lines.append(f"  {reference.outcome.label:<13} {reference.outcome.text}")
+            failures += not reference.outcome.ok
         for engine in engines:
             if engine in errors:
                 lines.append(f"  {engine:<13} {ERROR}")
                 failures += 1
                 continue
-            lines.append(_row(engine, cells[engine], reference, decode))
-            failures += cells[engine].verdict == DIFFERS
+            cell = cells[engine]
+            lines.append(_row(engine, cell, reference, decode))
+            failures += cell.verdict == DIFFERS or (
+                cell.outcome is not None and not cell.outcome.ok
+            )
     lines += ["", *LEGEND.splitlines()]
     for engine, error in errors.items():
         lines.append(f"{engine} could not run: {error}")
