@@ -28,11 +28,12 @@ tokens: "same" = the engine's tokens through anylogits are transformers' own, th
 ms/token: a whole generation over its new tokens, the best of --rounds runs (3 by
   default), anylogits processors against the engine's own parameters for the same job:
   transformers generate() arguments;
-  llama.cpp Llama.generate (repeat_penalty over the last 64 tokens, temp, top_k, top_p,
-  min_p); mlx-lm make_logits_processors (repetition penalty over the last 20 tokens,
-  logit_bias) and make_sampler; vLLM SamplingParams. SuppressTokens there is a logit_bias
-  of -100. "no native": the engine has no parameter for that argument, or none the demo
-  translates to (vLLM's stop and structured outputs, llama.cpp's grammars: not yet)."""
+  llama.cpp Llama.generate (repeat_penalty over the last 64 tokens it generated, not
+  the prompt; temp, top_k, top_p, min_p); mlx-lm make_logits_processors (repetition
+  penalty over the last 20 tokens, logit_bias) and make_sampler; vLLM SamplingParams.
+  SuppressTokens there is a logit_bias of -100. "no native": the engine has no parameter
+  for that argument, or none the demo translates to (vLLM's stop and structured
+  outputs, llama.cpp's grammars: not yet)."""
 
 
 def _tokens(tokens: Sequence[int], start: int, decode: Callable[[list[int]], str]) -> str:
