@@ -32,6 +32,7 @@ import json
 import multiprocessing
 import os
 import queue
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -167,7 +168,17 @@ def measure_apart(model: str) -> Times:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     child = context.Process(target=_measure_into, args=(model, results))
-    child.start()
+    # The child imports this module by name: asv imports the benchmarks without putting
+    # their folder on sys.path, and a spawned child starts with the parent's sys.path.
+    folder = str(Path(__file__).resolve().parents[1])
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        child.start()
+    finally:
+        if added:
+            sys.path.remove(folder)
     while True:
         try:
             times: Times = results.get(timeout=5)
