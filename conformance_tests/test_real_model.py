@@ -48,6 +48,7 @@ from anylogits import (
     SuppressTokens,
     Watermark,
 )
+from anylogits.demo.cases import JSON_PROMPT, PERSON
 from anylogits.testing.engines import Generated, GenerationEngine, TransformersEngine
 from anylogits.testing.native import Job
 from conformance_tests.structured_cases import text_of
@@ -363,17 +364,8 @@ class Structured(NamedTuple):
     greedy: Callable[[Any], bool]
 
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "age": {"type": "integer"},
-        "city": {"type": "string"},
-    },
-    "required": ["name", "age", "city"],
-    "additionalProperties": False,
-}
-DATE = r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+# [0-9], not \d: llguidance's \d is Unicode's (digits of other scripts, when sampled).
+DATE = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 SENTIMENTS = ["positive", "negative", "neutral"]
 
 
@@ -399,7 +391,7 @@ def _sentiment(text: str) -> str:
 STRUCTURED: dict[str, Structured] = {
     "json_schema": Structured(
         lambda: JSONSchema(PERSON),
-        "Extract the person as JSON: Maria is a 34 year old engineer from Lisbon.",
+        JSON_PROMPT,
         _person,
         lambda person: person == {"name": "Maria", "age": 34, "city": "Lisbon"},
     ),
