@@ -12,7 +12,10 @@ Usage (from asv_bench/, after `asv run`): python summary.py [RESULTS_DIR] [--exp
 
 ``--export`` also writes the run as JSON (every measured value, the tables with their
 verdicts, the date, commit and machine): ``docs/benchmarks/results.json`` is such a
-snapshot, committed, and the documentation site draws its plots from it.
+snapshot, committed, and the documentation site draws its plots from it. With
+``--keep``, benchmarks this run did not measure (an ``asv run --bench`` subset) are kept
+from the snapshot already at that path, under ``"kept"`` with that snapshot's date and
+commit, so that the page says which numbers are older.
 """
 
 from __future__ import annotations
@@ -308,12 +311,40 @@ def snapshot(result: Results) -> dict[str, Any]:
     }
 
 
+def keep_missing(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the tables and values of every benchmark it lacks taken from ``old``,
+    listed under ``"kept"`` with the date and commit they were measured at."""
+    kept_keys = sorted(set(old["benchmarks"]) - set(new["benchmarks"]))
+    if not kept_keys:
+        return new
+    earlier = old.get("kept", {})
+    origin = {
+        key: earlier.get("origin", {}).get(key, {"date": old["date"], "commit": old["commit"]})
+        for key in kept_keys
+    }
+    order = [key for _, key, _, _ in TABLES]
+    tables = new["tables"] + [t for t in old["tables"] if t["benchmark"] in kept_keys]
+    tables.sort(key=lambda t: order.index(t["benchmark"]) if t["benchmark"] in order else 99)
+    benchmarks = {**new["benchmarks"], **{key: old["benchmarks"][key] for key in kept_keys}}
+    return {
+        **new,
+        "tables": tables,
+        "benchmarks": dict(sorted(benchmarks.items())),
+        "kept": {"origin": origin},
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "results_dir", nargs="?", type=Path, default=Path(__file__).parent / ".asv" / "results"
     )
     parser.add_argument("--export", type=Path, help="also write the run as JSON here")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="with --export: keep what this run did not measure from the file already there",
+    )
     arguments = parser.parse_args(argv[1:])
     path = newest_result(arguments.results_dir)
     result = Results.load(str(path))
@@ -329,7 +360,10 @@ def main(argv: list[str]) -> int:
             detail = f"  ({detail})" if detail else ""
             print(f"{label:<62} {value:8.2f}{detail}  {note}".rstrip())
     if arguments.export:
-        arguments.export.write_text(json.dumps(snapshot(result), indent=1) + "\n")
+        exported = snapshot(result)
+        if arguments.keep and arguments.export.is_file():
+            exported = keep_missing(exported, json.loads(arguments.export.read_text()))
+        arguments.export.write_text(json.dumps(exported, indent=1) + "\n")
         print(f"\nwrote {arguments.export}")
     return 0
 

@@ -40,7 +40,7 @@ ENGINES = {
 JOBS = {"chain": "chain", "repetition": "repetition penalty alone", "json": "JSON schema"}
 MODELS = {
     "tiny": "tiny model: random weights, 128k vocabulary (nearly free forward)",
-    "real": "real model: SmolLM2-135M-Instruct, 49k vocabulary, chat prompt",
+    "real": "real model: SmolLM2-135M-Instruct (llama.cpp: its Q4_1 GGUF), 49k vocabulary",
 }
 
 
@@ -85,9 +85,9 @@ def engine_vs_native(snapshot: Snapshot) -> Figure | None:
             axes.bar_label(bars, fmt="%.2f", padding=2, fontsize=8)
         axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         axes.set_xticks(positions, [ENGINES[engine][1] for engine in engines])
-        axes.set_ylim(0, max(1.2, top * 1.15))
+        axes.set_ylim(0, max(1.4, top * 1.25))
         axes.set_title(MODELS[model], fontsize=10)
-        axes.legend(frameon=False, fontsize=8)
+        axes.legend(frameon=False, fontsize=8, loc="upper left", ncols=len(jobs))
     panels[0].set_ylabel("anylogits / native, per generated token")
     figure.suptitle("End to end: < 1 means anylogits is faster than the engine's own sampler")
     return figure
@@ -140,12 +140,20 @@ def svg(figure: Figure) -> bytes:
 def source(snapshot: Snapshot) -> str:
     machine = snapshot["machine"]
     environment = ", ".join(f"{name} {value}" for name, value in snapshot["environment"].items())
-    return (
+    text = (
         f"Snapshot of {snapshot['date']} (`docs/benchmarks/results.json`), commit "
         f"`{snapshot['commit'][:10]}`, on `{machine.get('machine', '?')}`: "
         f"{machine.get('cpu', '?')}, {machine.get('num_cpu', '?')} cores, "
         f"{machine.get('os', '?')}; {environment}."
     )
+    # Benchmarks that run did not measure, kept from an earlier snapshot (summary.py --keep).
+    runs: dict[tuple[str, str], list[str]] = {}
+    for key, origin in snapshot.get("kept", {}).get("origin", {}).items():
+        runs.setdefault((origin["date"], origin["commit"]), []).append(key.split(".")[-2])
+    for (date, commit), names in sorted(runs.items()):
+        listed = ", ".join(f"`{name}`" for name in sorted(set(names)))
+        text += f" From an earlier run ({date}, commit `{commit[:10]}`): {listed}."
+    return text
 
 
 def tables(snapshot: Snapshot) -> str:
