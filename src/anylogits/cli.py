@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=3,
-        help="timed runs of each side of each case; the best counts (default 3)",
+        help="timed runs of each side of each case; the best counts (default 3; 0: "
+        "compare tokens only, time nothing)",
     )
     demo.add_argument(
         "--prompt",

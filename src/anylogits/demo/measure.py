@@ -86,7 +86,8 @@ def references(
 def measure(
     engine: GenerationEngine, case: Case, reference: Reference, rounds: int = ROUNDS
 ) -> Cell:
-    """``case`` on ``engine``: its tokens, compared with ``reference``, and timed."""
+    """``case`` on ``engine``: its tokens, compared with ``reference``, and timed over
+    ``rounds`` runs of each side (0: tokens only, neither side timed nor run natively)."""
     prompt, n = reference.prompt, reference.n
 
     def ours() -> list[int]:
@@ -106,12 +107,14 @@ def measure(
     if case.compared is not None:
         tokens = case.compared(tokens, engine.vocabulary.eos_token_ids)
     no_native = None
-    try:
-        native()  # a warm-up, and whether the engine has the parameters at all
-    except NoNative as missing:
-        no_native = missing.argument
-        del sides["native"]
-    times = _seconds_per_token(sides, rounds)
+    times: dict[str, float] = {}
+    if rounds:
+        try:
+            native()  # a warm-up, and whether the engine has the parameters at all
+        except NoNative as missing:
+            no_native = missing.argument
+            del sides["native"]
+        times = _seconds_per_token(sides, rounds)
     if case.sample and engine.name != "transformers":
         verdict = NOT_COMPARED
     else:

@@ -44,12 +44,12 @@ def run_demo(
     """Run the demo on ``backend`` (``None`` or ``"all"``: every installed engine) with
     ``model`` (``"real"``: SmolLM2-135M-Instruct, a trained model, and ``prompt`` as a
     chat message; ``"tiny"``: the tiny random-weight model, ``prompt`` as plain text);
-    each side of each case is timed over ``rounds`` runs (the best counts). Returns a
-    process exit code: 0 if every engine agrees with transformers, 1 if not, 2 if the
-    demo cannot run as asked."""
+    each side of each case is timed over ``rounds`` runs (the best counts; 0: tokens only,
+    nothing timed). Returns a process exit code: 0 if every engine agrees with
+    transformers, 1 if not, 2 if the demo cannot run as asked."""
     try:
-        if rounds < 1:
-            raise DemoError(f"--rounds {rounds}: time at least 1 run")
+        if rounds < 0:
+            raise DemoError(f"--rounds {rounds}: time 0 runs (tokens only) or more")
         if max_new_tokens < 1:
             raise DemoError(f"--max-new-tokens {max_new_tokens}: generate at least 1 token")
         if model not in MODELS:

@@ -26,8 +26,8 @@ tokens: "same" = the engine's tokens through anylogits are transformers' own, th
   reference is transformers through anylogits, and every engine's output must also
   parse (match); the watermark must be detected, and the text without it not.
 ms/token: a whole generation over its new tokens, the best of --rounds runs (3 by
-  default), anylogits processors against the engine's own parameters for the same job:
-  transformers generate() arguments;
+  default; "-" with --rounds 0), anylogits processors against the engine's own
+  parameters for the same job: transformers generate() arguments;
   llama.cpp Llama.generate (repeat_penalty over the last 64 tokens it generated, not
   the prompt; temp, top_k, top_p, min_p); mlx-lm make_logits_processors (repetition
   penalty over the last 20 tokens, logit_bias) and make_sampler; vLLM SamplingParams.
