@@ -4,6 +4,7 @@ translated from, see :mod:`anylogits.testing.native`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections.abc import Callable, Collection
@@ -142,12 +143,23 @@ def demo_cases(
         ),
         Case(f"sampled, seed {SEED}: {names}", chain, dict(CHAIN), sample=True),
         _stop_case(plain, text, tokenizer, trained),
-        _regex_case(text),
         _watermark_case(vocab_size),
     ]
-    if trained:  # random weights never close a JSON string: the object would not parse
-        cases.insert(-2, _json_case(text))
+    if structured_available():
+        cases.insert(-1, _regex_case(text))
+        if trained:  # random weights never close a JSON string: the object would not parse
+            cases.insert(-2, _json_case(text))
     return cases
+
+
+#: What adds the JSON schema and regex cases where llguidance is missing.
+STRUCTURED_INSTALL = "pip install 'anylogits[structured]'"
+
+
+def structured_available() -> bool:
+    """Whether the JSON schema and regex cases can run (their engine, llguidance, is
+    installed: the ``structured`` extra, which the README's first command does not add)."""
+    return importlib.util.find_spec("llguidance") is not None
 
 
 def _stop_case(plain: Tokens, text: Callable[[Tokens], str], tokenizer: Any, trained: bool) -> Case:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from anylogits.demo.cases import Case
+from anylogits.demo.cases import STRUCTURED_INSTALL, Case, structured_available
 from anylogits.demo.measure import ROUNDS, Cell, Reference, measure, references
 from anylogits.demo.progress import step
 from anylogits.demo.selection import REFERENCE, DemoError, choose
@@ -205,4 +205,6 @@ def _print_header(
         f"  {asked} = {len(ids)} tokens, up to {max_new_tokens} new tokens, "
         "greedy unless marked sampled"
     )
+    if not structured_available():
+        print(f"  JSON schema and regex cases: need llguidance, {STRUCTURED_INSTALL}")
     print(f"  engines: {', '.join(engines)}\n")
