@@ -57,7 +57,8 @@ class Case:
     # At least this many new tokens, whatever --max-new-tokens says: a stop string must be
     # reached, a JSON object close to parse, and a z-score needs tokens to count.
     new_tokens: int = 0
-    # How the reference line names transformers' way; None: generate(**job).
+    # How the reference line names transformers' way; None: generate(**job), or without a
+    # job, that transformers has none and the reference is anylogits on transformers.
     call: str | None = None
     # What the engines lack when job is None, in the table's "no native (...)".
     no_native: str = ""
@@ -121,7 +122,7 @@ def demo_cases(
     # The values show on the reference's line, as transformers' generate arguments.
     chain = chain_processors_in_generate_order
     names = " ".join(type(processor).__name__ for processor in chain())
-    cases = [
+    return [
         Case(
             "RepetitionPenalty(1.3)", lambda: [RepetitionPenalty(1.3)], {"repetition_penalty": 1.3}
         ),
@@ -143,17 +144,21 @@ def demo_cases(
         ),
         Case(f"sampled, seed {SEED}: {names}", chain, dict(CHAIN), sample=True),
         _stop_case(plain, text, tokenizer, trained),
+        *_structured_cases(text, trained),
         _watermark_case(vocab_size),
     ]
-    if structured_available():
-        cases.insert(-1, _regex_case(text))
-        if trained:  # random weights never close a JSON string: the object would not parse
-            cases.insert(-2, _json_case(text))
-    return cases
 
 
 #: What adds the JSON schema and regex cases where llguidance is missing.
 STRUCTURED_INSTALL = "pip install 'anylogits[structured]'"
+
+
+def _structured_cases(text: Callable[[Tokens], str], trained: bool) -> list[Case]:
+    """The JSON schema and regex cases, where llguidance is installed."""
+    if not structured_available():
+        return []
+    # Random weights never close a JSON string: the object would not parse.
+    return [_json_case(text), _regex_case(text)] if trained else [_regex_case(text)]
 
 
 def structured_available() -> bool:
@@ -213,7 +218,6 @@ def _json_case(text: Callable[[Tokens], str]) -> Case:
         None,
         prompt=JSON_PROMPT,
         new_tokens=JSON_TOKENS,
-        call="no native JSON schema; the reference is transformers through anylogits",
         no_native="JSON schema",
         outcome=parsed,
     )
@@ -231,7 +235,6 @@ def _regex_case(text: Callable[[Tokens], str]) -> Case:
         None,
         prompt=DATE_PROMPT,
         new_tokens=DATE_TOKENS,
-        call="no native regex; the reference is transformers through anylogits",
         no_native="regex",
         outcome=match,
     )
