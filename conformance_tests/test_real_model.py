@@ -51,6 +51,7 @@ from anylogits import (
 from anylogits.demo.cases import JSON_PROMPT, PERSON
 from anylogits.testing.engines import Generated, GenerationEngine, TransformersEngine
 from anylogits.testing.native import Job
+from anylogits.testing.real_model import chat_ids, chat_text
 from conformance_tests.structured_cases import text_of
 
 pytestmark = pytest.mark.slow
@@ -67,23 +68,6 @@ REPEATING = PROMPTS[2]  # the processors' prompt: its answer repeats words and p
 
 # Every comparison with the reference: (what was compared, tokens agreed, stopped at a tie).
 COMPARISONS: list[tuple[str, int, bool]] = []
-
-
-def chat_ids(tokenizer: Any, message: str) -> list[int]:
-    """The ids of ``message`` as a user's turn in the model's chat template."""
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
-    )
-    return list(encoded["input_ids"])
-
-
-def chat_text(tokenizer: Any, message: str) -> str:
-    """The same turn as text, for an engine to encode with its own tokenizer."""
-    return str(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
-        )
-    )
 
 
 def before_end(tokens: list[int], eos: int) -> list[int]:

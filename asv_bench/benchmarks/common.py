@@ -87,8 +87,6 @@ def chat_ids(folder: Path, message: str = CHAT_MESSAGE) -> list[int]:
     for the assistant's answer (transformers' tokenizer: every engine gets the same ids)."""
     import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
-    )
-    return list(encoded["input_ids"])
+    from anylogits.testing.real_model import chat_ids as chat_turn
+
+    return chat_turn(transformers.AutoTokenizer.from_pretrained(folder), message)

@@ -142,16 +142,10 @@ def _encoder(reference: TransformersEngine, model: str) -> Callable[[str], list[
     """How a prompt becomes ids: a chat message on the real model, plain text on the
     tiny one (random weights follow no template)."""
     if model == "real":
-        return functools.partial(_chat, reference)
+        from anylogits.testing.real_model import chat_ids
+
+        return functools.partial(chat_ids, reference.tokenizer)
     return reference.encode
-
-
-def _chat(reference: TransformersEngine, message: str) -> list[int]:
-    """The ids of ``message`` as a user's turn in the model's chat template."""
-    encoded = reference.tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
-    )
-    return list(encoded["input_ids"])
 
 
 def _run_engine(

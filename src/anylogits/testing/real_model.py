@@ -257,3 +257,21 @@ def build_real_model(progress: Progress = _quiet) -> Path:
             shutil.rmtree(tmp)
     progress(f"prepared {folder}")
     return folder
+
+
+def chat_ids(tokenizer: Any, message: str) -> list[int]:
+    """The ids of ``message`` as a user's turn in ``tokenizer``'s chat template (an HF
+    tokenizer's), ready for the assistant's answer: the ids every engine is given."""
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
+def chat_text(tokenizer: Any, message: str) -> str:
+    """The same turn as text, for an engine to encode with its own tokenizer."""
+    return str(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+        )
+    )
