@@ -14,8 +14,8 @@ import pytest
 
 from anylogits.testing.backends import BACKENDS, installed
 from anylogits.testing.engines import GenerationEngine, TransformersEngine
+from conformance_tests.servers import client, server, server_backend, servers  # noqa: F401
 from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
-from conformance_tests.vllm_server import client, server  # noqa: F401  (shared fixtures)
 
 
 def pytest_configure(config: pytest.Config) -> None:

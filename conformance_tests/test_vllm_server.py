@@ -3,7 +3,7 @@ by the real ``openai`` client: per-request processors travel as ``vllm_xargs``, 
 output agrees with transformers on the same weights (plugins' processors included: the
 example package's entry point and the probes of ``ANYLOGITS_PLUGINS``), bad specs come
 back as HTTP 400 and leave the server serving. The server
-(``conformance_tests/vllm_server.py``) is shared with the hostile-spec suite.
+(``conformance_tests/servers.py``) is shared with the hostile-spec suite.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.testing.engines import NEW_TOKENS, TransformersEngine  # noqa: E402
 from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
-from conformance_tests.vllm_server import (  # noqa: E402
+from conformance_tests.server_suite import (  # noqa: E402
+    test_the_serving_pages_client_talks_to_this_server,  # noqa: F401  (run here too)
+)
+from conformance_tests.servers import (  # noqa: E402
     BAD_PAYLOADS,
     MODEL_NAME,
     SERVER_PLUGINS,

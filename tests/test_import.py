@@ -15,12 +15,14 @@ BACKENDS = (
     "tokenizers",
     "gguf",
     "llguidance",
+    "fastapi",
+    "openai",
 )
 
 
 def test_import_anylogits_imports_no_backend() -> None:
     code = (
-        "import json, sys, anylogits, anylogits.core, anylogits.processors; "
+        "import json, sys, anylogits, anylogits.core, anylogits.processors, anylogits.serving; "
         f"print(json.dumps([m for m in {list(BACKENDS)!r} if m in sys.modules]))"
     )
     result = subprocess.run(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conformance_tests.vllm_server import BAD_PAYLOADS
+from conformance_tests.servers import BAD_PAYLOADS
 
 from anylogits.adapters.vllm_requests import validate_request
 from anylogits.spec_check import SpecCheck, check_request

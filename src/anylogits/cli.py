@@ -1,4 +1,4 @@
-"""The anylogits command: demo (the main job), list, check-spec and tiny-model."""
+"""The anylogits command: demo (the main job), serve, list, check-spec and tiny-model."""
 
 from __future__ import annotations
 
@@ -44,6 +44,23 @@ def _add_check_spec(commands: argparse._SubParsersAction) -> None:
     check.add_argument("file", metavar="FILE", help="a JSON file, or - to read stdin")
 
 
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    from anylogits.serving import ENGINES
+
+    commands.add_parser(
+        "serve",
+        help="start an engine's own OpenAI-compatible server taking per-request "
+        "processors (vllm_xargs.anylogits): serve ENGINE --help",
+        description="Start ENGINE's own OpenAI-compatible server, every option of it, "
+        "with per-request anylogits processors: llama-cpp (llama-cpp-python's server, "
+        "--model X.gguf), mlx (mlx-lm's server, --model DIR) or vllm (vLLM's server with "
+        "--logits-processors set). Clients send the same request to each: "
+        'extra_body={"vllm_xargs": {"anylogits": specs}}.',
+        usage=f"anylogits serve {{{','.join(ENGINES)}}} [the engine's server options]",
+        add_help=False,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="anylogits", description=__doc__)
     parser.add_argument("--version", action="version", version=_version())
@@ -86,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="build (or find in the cache) the tiny random-weight model; see --help",
         add_help=False,
     )
+    _add_serve(commands)
     _add_list(commands)
     _add_check_spec(commands)
     args, rest = parser.parse_known_args(argv)
@@ -93,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from anylogits.testing.tiny_model import main as tiny_model_main
 
         return tiny_model_main(rest, prog="anylogits tiny-model")
+    if args.command == "serve":
+        from anylogits.serve import serve
+
+        return serve(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "list":

@@ -19,6 +19,14 @@ class DemoError(Exception):
     """The demo cannot run as asked; the message says what to do."""
 
 
+# The server each engine serves per-request processors from (docs/serving.md).
+SERVE_COMMANDS = {
+    "llama_cpp": "anylogits serve llama-cpp --model model.gguf",
+    "mlx": "anylogits serve mlx --model model-folder",
+    "vllm": "anylogits serve vllm --model model-folder",
+}
+
+
 def install_command(engine: str) -> str:
     """The one command that adds ``engine`` to this environment."""
     extra = _EXTRAS[engine]

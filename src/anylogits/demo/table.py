@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from anylogits.demo.cases import Case
 from anylogits.demo.measure import DIFFERS, Cell, Reference
-from anylogits.demo.selection import install_command
+from anylogits.demo.selection import SERVE_COMMANDS, install_command
 
 ERROR = "ERROR"
 AGREE = "all engines agree with transformers"
@@ -140,7 +140,10 @@ def render(
         lines.append(f"{engine} could not run: {error}")
     if missing:
         lines += ["", "not installed here, each added by one command:"]
-        lines += [f"  {engine:<13} {install_command(engine)}" for engine in missing]
+        for engine in missing:
+            lines.append(f"  {engine:<13} {install_command(engine)}")
+            if engine in SERVE_COMMANDS:
+                lines.append(f"  {'':<13} then its own server: {SERVE_COMMANDS[engine]}")
     lines.append("")
     lines.append(AGREE if not failures else f"{failures} cell(s) fail: see above")
     return lines, failures

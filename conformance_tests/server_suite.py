@@ -1,0 +1,313 @@
+"""What every local engine's server must do with per-request processors, driven by the
+real ``openai`` client: the tests of ``test_llama_cpp_server`` and ``test_mlx_server``
+(each module imports them and names its server with a ``server_backend`` fixture).
+
+The request is the one vLLM's server takes (``extra_body={"vllm_xargs": {"anylogits":
+...}}``), and the tokens are compared as ids (``return_token_ids``, vLLM's flag): each
+catalogue case gives the tokens of the same processors in-process on that engine and
+transformers' own; bad specs get vLLM's 400 messages, word for word ``anylogits
+check-spec``'s; clients with different specs at once get what each gets alone; a failing
+processor ends its own request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anylogits import (
+    LogitBias,
+    LogitsProcessor,
+    NoRepeatNGram,
+    SuppressTokens,
+    to_specs,
+)
+from anylogits.testing.engines import NEW_TOKENS, GenerationEngine, TransformersEngine
+from anylogits.testing.probes import RaiseAfter
+from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES, EOS
+from conformance_tests.servers import BAD_PAYLOADS, SERVER_PLUGINS, Server, Servers, client_of
+
+openai = pytest.importorskip("openai")
+
+CHAT_MESSAGES = [{"role": "user", "content": "Count with me: 1 2 3 4 5 6 7 8"}]
+# llama-cpp-python's server applies repeat_penalty 1.1 unless told: the in-process engines
+# (and transformers) run without one. mlx-lm's server ignores the field.
+NO_NATIVE_PENALTY = {"repeat_penalty": 1.0}
+
+
+def _extra_body(processors: tuple[LogitsProcessor, ...] | list[LogitsProcessor]) -> dict:
+    body: dict[str, Any] = {"return_token_ids": True, **NO_NATIVE_PENALTY}
+    if processors:
+        body["vllm_xargs"] = {"anylogits": json.dumps(to_specs(list(processors)))}
+    return body
+
+
+def complete(
+    client: Any, server: Server, *processors: LogitsProcessor, max_tokens: int = NEW_TOKENS
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, greedy new token ids) of the counting prompt, as text."""
+    try:
+        response = client.completions.create(
+            model=client.served_model,
+            prompt=COUNTING,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body=_extra_body(processors),
+        )
+    except openai.APIConnectionError:
+        server.check_alive()
+        raise
+    extra = response.choices[0].model_extra
+    return list(extra["prompt_token_ids"]), list(extra["token_ids"])
+
+
+def chat(client: Any, *processors: LogitsProcessor, **options: Any) -> tuple[list[int], Any]:
+    """(prompt ids, the response) of a greedy chat completion."""
+    response = client.chat.completions.create(
+        model=client.served_model,
+        messages=CHAT_MESSAGES,
+        max_tokens=8,
+        temperature=0.0,
+        extra_body=_extra_body(processors),
+        **options,
+    )
+    return list(response.model_extra["prompt_token_ids"]), response
+
+
+@pytest.fixture(scope="module")
+def engine(server_backend: str, engines: Any) -> GenerationEngine:
+    """The same engine in-process, on the same tiny model."""
+    return engines[server_backend]
+
+
+@pytest.fixture(scope="module")
+def counting(client: Any, server: Server) -> list[int]:
+    return complete(client, server)[0]
+
+
+@pytest.fixture(scope="module")
+def plain(client: Any, server: Server) -> list[int]:
+    """The server's unprocessed greedy tokens on the counting prompt."""
+    tokens = complete(client, server)[1]
+    assert len(tokens) == NEW_TOKENS, tokens
+    return tokens
+
+
+def test_unprocessed_is_in_process_and_transformers(
+    plain: list[int], counting: list[int], engine: GenerationEngine, reference: TransformersEngine
+) -> None:
+    assert counting == engine.encode(COUNTING)
+    assert plain == engine.greedy(counting) == reference.greedy(counting)
+
+
+@pytest.mark.parametrize("case", sorted(CROSS_ENGINE_CASES))
+def test_catalogue_case_is_in_process_and_transformers(
+    case: str,
+    client: Any,
+    server: Server,
+    counting: list[int],
+    plain: list[int],
+    engine: GenerationEngine,
+    reference: TransformersEngine,
+) -> None:
+    processors = CROSS_ENGINE_CASES[case](plain)
+    _, tokens = complete(client, server, *processors)
+    assert tokens != plain, f"{case} did not change the greedy output"
+    assert tokens == engine.greedy(counting, CROSS_ENGINE_CASES[case](plain))
+    assert tokens == reference.greedy(counting, CROSS_ENGINE_CASES[case](plain))
+
+
+def test_chat_with_processors_is_in_process(client: Any, engine: GenerationEngine) -> None:
+    prompt, plain_chat = chat(client)
+    plain_ids = plain_chat.choices[0].model_extra["token_ids"]
+    banned = sorted(set(plain_ids[:3]))
+    prompt_banned, response = chat(client, SuppressTokens(banned), NoRepeatNGram(2))
+    tokens = response.choices[0].model_extra["token_ids"]
+    assert prompt_banned == prompt
+    assert not set(tokens) & set(banned) and tokens != plain_ids, (tokens, banned)
+    assert tokens == engine.greedy(prompt, [SuppressTokens(banned), NoRepeatNGram(2)], n=8)
+    assert response.choices[0].message.content
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streamed_text_is_the_unstreamed_text(client: Any, endpoint: str) -> None:
+    if endpoint == "completions":
+        create, request = client.completions.create, {"prompt": COUNTING}
+    else:
+        create, request = client.chat.completions.create, {"messages": CHAT_MESSAGES}
+    common = {"model": client.served_model, "max_tokens": 8, "temperature": 0.0, **request}
+    unprocessed = create(**common, extra_body=_extra_body([]))
+    banned = sorted(set(unprocessed.choices[0].model_extra["token_ids"][:3]))
+    body = _extra_body([SuppressTokens(banned), NoRepeatNGram(1)])
+    whole = create(**common, extra_body=body)
+    assert not set(whole.choices[0].model_extra["token_ids"]) & set(banned)
+    chunks = list(create(**common, extra_body=body, stream=True))
+    if endpoint == "completions":
+        assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
+    else:
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == whole.choices[0].message.content
+
+
+def test_concurrent_clients_get_what_each_gets_alone(
+    client: Any, server: Server, plain: list[int]
+) -> None:
+    cases: list[list[LogitsProcessor]] = [
+        [],
+        [SuppressTokens(sorted(set(plain[:4])))],
+        [NoRepeatNGram(2)],
+        [LogitBias({plain[-1]: 4.0})],
+        [],
+        [NoRepeatNGram(2)],
+    ]
+    alone = [complete(client, server, *processors)[1] for processors in cases]
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        futures = [pool.submit(complete, client, server, *processors) for processors in cases]
+        together = [future.result()[1] for future in futures]
+    assert together == alone
+    assert alone[0] == plain and len({tuple(tokens) for tokens in alone}) == 4
+
+
+def _refusal(client: Any, endpoint: str, text: str) -> Any:
+    extra_body = {"vllm_xargs": {"anylogits": text}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        if endpoint == "completions":
+            client.completions.create(
+                model=client.served_model, prompt=COUNTING, max_tokens=4, extra_body=extra_body
+            )
+        else:
+            client.chat.completions.create(
+                model=client.served_model,
+                messages=CHAT_MESSAGES,
+                max_tokens=4,
+                extra_body=extra_body,
+            )
+    return raised.value
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize("payload", sorted(BAD_PAYLOADS))
+def test_bad_payload_gets_vllms_400_and_check_specs_message(
+    payload: str, endpoint: str, client: Any, server: Server, plain: list[int]
+) -> None:
+    text, expected = BAD_PAYLOADS[payload]
+    error = _refusal(client, endpoint, text)
+    assert error.status_code == 400
+    assert error.body.get("type") == "BadRequestError", error.body
+    assert expected in error.body.get("message", ""), error.body
+    checked = subprocess.run(
+        [sys.executable, "-m", "anylogits", "check-spec", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **SERVER_PLUGINS},
+        check=False,
+    )
+    assert checked.returncode == 1, checked
+    assert checked.stderr.splitlines()[1:] == error.body["message"].splitlines(), checked
+    assert complete(client, server)[1] == plain
+
+
+def test_what_only_the_vocabulary_shows_is_a_400_too(
+    client: Any, server: Server, plain: list[int]
+) -> None:
+    """An id beyond the vocabulary: vLLM's frontend cannot see it (its sequence is ended
+    in the engine); these servers build the processors before generating, and refuse."""
+    text = json.dumps(to_specs([SuppressTokens([10**7])]))
+    error = _refusal(client, "completions", text)
+    message = error.body.get("message", "")
+    assert "extra_args['anylogits'] cannot run on the served model" in message, message
+    assert str(10**7) in message, message
+    assert complete(client, server)[1] == plain
+
+
+def test_a_failing_processor_ends_its_own_request(
+    client: Any, server: Server, plain: list[int]
+) -> None:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failing = pool.submit(complete, client, server, RaiseAfter(3))
+        ordinary = pool.submit(complete, client, server)
+        assert ordinary.result()[1] == plain
+        tokens = failing.result()[1]
+    assert tokens == [*plain[:3], EOS], tokens
+    log = server.log_path.read_text(errors="replace")
+    assert "testing.raise_after: 3 tokens were generated" in log, server.log_tail()
+    assert "the request's sequence is ended" in log, server.log_tail()
+
+
+def test_a_request_naming_another_model_still_gets_its_processors_or_a_400(
+    client: Any, server: Server, plain: list[int]
+) -> None:
+    """llama-cpp-python serves its one model whatever a request names; mlx-lm would load
+    the named model, for which the processors were not built: a 400 there."""
+    try:
+        response = client.completions.create(
+            model="some-other-model",
+            prompt=COUNTING,
+            max_tokens=NEW_TOKENS,
+            temperature=0.0,
+            extra_body=_extra_body([NoRepeatNGram(2)]),
+        )
+    except openai.BadRequestError as error:
+        assert "anylogits processors run on the served model only" in error.body["message"]
+    else:
+        assert (
+            response.choices[0].model_extra["token_ids"]
+            == complete(client, server, NoRepeatNGram(2))[1]
+        )
+
+
+def test_the_serving_pages_client_talks_to_this_server(server: Server) -> None:
+    """docs/serving.md's one client snippet, run as written against this server."""
+    page = (Path(__file__).parents[1] / "docs" / "serving.md").read_text()
+    (block,) = re.findall(r"^```python\n(# needs: openai_server\n.*?)^```", page, re.M | re.S)
+    namespace = {"base_url": f"{server.base_url}/v1", "served_model": server.model}
+    exec(compile(block, "docs/serving.md", "exec"), namespace)
+    assert namespace["completion"].choices[0].text
+
+
+@pytest.fixture(scope="module")
+def real_server(server: Server, servers: Servers, real_model_dir: Path) -> Server:
+    """The same server on the real model (SmolLM2-135M-Instruct; float32 GGUF for
+    llama.cpp, the HF folder for mlx-lm)."""
+    return servers.on(server.backend, real_model_dir)
+
+
+def test_real_model_extracts_the_person_through_the_server(
+    real_server: Server, real_model_dir: Path
+) -> None:
+    """The demo's JSON case as a client sends it: the chat template is the model's own
+    (the prompt's ids are transformers'), and the answer parses to the person."""
+    transformers = pytest.importorskip("transformers")
+    from anylogits import JSONSchema
+    from anylogits.demo.cases import JSON_PROMPT, JSON_TOKENS, PERSON
+    from anylogits.testing.real_model import chat_ids
+
+    client = client_of(real_server)
+    response = client.chat.completions.create(
+        model=client.served_model,
+        messages=[{"role": "user", "content": JSON_PROMPT}],
+        max_tokens=JSON_TOKENS,
+        temperature=0.0,
+        extra_body=_extra_body([JSONSchema(PERSON)]),
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(real_model_dir)
+    assert response.model_extra["prompt_token_ids"] == chat_ids(tokenizer, JSON_PROMPT)
+    answer = json.loads(response.choices[0].message.content)
+    assert answer == {"name": "Maria", "age": 34, "city": "Lisbon"}, answer
+
+
+def test_server_log_has_no_traceback(client: Any, server: Server, plain: list[int]) -> None:
+    """Run last (file order): nothing so far may have left a traceback in the log."""
+    assert complete(client, server)[1] == plain
+    server.check_alive()
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, server.log_tail()

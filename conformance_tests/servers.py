@@ -1,0 +1,292 @@
+"""Each engine's own OpenAI-compatible server serving per-request anylogits processors,
+started as a user starts it (``anylogits serve vllm|llama-cpp|mlx``, the suite's probes as
+``ANYLOGITS_PLUGINS``) once per test session, for the modules that use the ``server`` and
+``client`` fixtures. A module names its server with a ``server_backend`` fixture (vLLM's
+by default) or parametrizes it.
+
+Imported by ``conftest.py``; imports no engine and no openai until a fixture runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anylogits.testing.backends import installed
+from anylogits.testing.engines import vllm_environment
+
+MODEL_NAME = "tiny"  # vLLM's served model name
+# What a request names as its model: mlx-lm's server calls the one given with --model this.
+MODEL_NAMES = {"vllm": MODEL_NAME, "llama_cpp": MODEL_NAME, "mlx": "default_model"}
+# Answers 200 once the server serves (llama-cpp-python's has no /health).
+READY_PATHS = {"vllm": "/health", "llama_cpp": "/v1/models", "mlx": "/health"}
+SERVER_BACKENDS = tuple(MODEL_NAMES)
+STARTUP_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 120.0
+LOG_TAIL_CHARS = 6000
+
+# The suite's probes are unpackaged processor types: the operator's module list makes them
+# known to the server's frontend and engine alike. Installed plugins (the example
+# package's ban_two_back) need nothing at all.
+SERVER_PLUGINS = {"ANYLOGITS_PLUGINS": "anylogits.testing.probes"}
+
+# Ordinary mistakes in vllm_xargs["anylogits"], each with (part of) the HTTP 400 message
+# the server answers: the server suite sends them, `anylogits check-spec`'s tests check
+# its own answer to them.
+BAD_PAYLOADS = {
+    "invalid_value": (
+        '[{"type": "top_k", "top_k": 0}]',
+        "extra_args['anylogits'][0]: top_k must be >= 1, got 0",
+    ),
+    "unknown_type": (
+        '[{"type": "no_such_processor"}]',
+        "extra_args['anylogits'][0]: spec field 'type' is 'no_such_processor'",
+    ),
+    "unknown_field": (
+        '[{"type": "top_k", "top_k": 3, "colour": "red"}]',
+        "extra_args['anylogits'][0]: spec for 'top_k' has unknown field(s) ['colour']",
+    ),
+    "not_json": ("[{not json", "extra_args['anylogits'] is a string but not valid JSON"),
+    "not_a_list": ("42", "extra_args['anylogits'] must be a list"),
+}
+
+
+# Minimal chat template (the tiny model's tokenizer has none): "role: content" lines.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+    backend: str
+    model: str
+    startup_s: float = 0.0
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as error:
+            return f"<cannot read {self.log_path}: {error}>"
+        return text[-chars:]
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            pytest.fail(
+                f"the {self.backend} server exited with code {code}; log tail:\n{self.log_tail()}"
+            )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ready(base_url: str, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}{path}", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the API server alone, so that it shuts its engine down itself, then SIGKILL
+    whatever is left of its process group. (A SIGTERM to the whole group kills the engine
+    core first and the server logs an ``EngineDeadError`` traceback; vLLM's own abort-mode
+    shutdown sometimes logs it too, which is why the traceback check runs before this.)"""
+    if process.poll() is None:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+
+
+def _command(backend: str, model_dir: Path, folder: Path, port: int) -> list[str]:
+    """``anylogits serve ENGINE ...`` as a user starts it, on the tiny model."""
+    serve = [sys.executable, "-m", "anylogits", "serve"]
+    address = ["--host", "127.0.0.1", "--port", str(port)]
+    if backend == "vllm":
+        template = folder / "chat_template.jinja"
+        template.write_text(CHAT_TEMPLATE)
+        return [
+            *serve,
+            "vllm",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL_NAMES[backend],
+            *address,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "256",
+            "--enforce-eager",
+            "--chat-template",
+            str(template),
+        ]
+    if backend == "llama_cpp":
+        from anylogits.testing.tiny_model import GGUF_FILENAME, build_tiny_gguf
+
+        gguf = model_dir / GGUF_FILENAME
+        # The in-process engine's settings (LlamaCppEngine): one thread, float32 KV cache.
+        return [
+            *serve,
+            "llama-cpp",
+            "--model",
+            str(gguf if gguf.is_file() else build_tiny_gguf()),
+            "--model_alias",
+            MODEL_NAMES[backend],
+            "--n_ctx",
+            "512",
+            "--n_threads",
+            "1",
+            "--n_threads_batch",
+            "1",
+            "--type_k",
+            "0",
+            "--type_v",
+            "0",
+            "--verbose",
+            "false",
+            *address,
+        ]
+    if backend == "mlx":
+        # The tiny model has no chat template; the real model's folder has its own.
+        has_template = (model_dir / "chat_template.jinja").is_file()
+        template = [] if has_template else ["--chat-template", CHAT_TEMPLATE]
+        return [*serve, "mlx", "--model", str(model_dir), *template, *address]
+    raise ValueError(f"no server for backend {backend!r}")
+
+
+def start(backend: str, model_dir: Path, folder: Path) -> Server:
+    """``backend``'s server on the tiny model, ready to serve (the suite's probes as
+    ``ANYLOGITS_PLUGINS``)."""
+    log_path = folder / "server.log"
+    port = _free_port()
+    command = _command(backend, model_dir, folder, port)
+    env = {**os.environ, **SERVER_PLUGINS}
+    if backend == "vllm":
+        env.update(vllm_environment(folder))
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group, so teardown reaches the engine
+        )
+    started = time.monotonic()
+    running = Server(process, f"http://127.0.0.1:{port}", log_path, backend, MODEL_NAMES[backend])
+    try:
+        while not _ready(running.base_url, READY_PATHS[backend]):
+            running.check_alive()
+            if time.monotonic() - started > STARTUP_TIMEOUT_S:
+                pytest.fail(
+                    f"the {backend} server was not ready after {STARTUP_TIMEOUT_S:.0f} s; "
+                    f"log tail:\n{running.log_tail()}"
+                )
+            time.sleep(0.5)
+    except BaseException:
+        _stop(process)
+        raise
+    running.startup_s = time.monotonic() - started
+    print(f"{backend} server ready in {running.startup_s:.1f} s (log: {log_path})")
+    return running
+
+
+class Servers:
+    """Each backend's server, started on first use and stopped at the session's end."""
+
+    def __init__(self, model_dir: Path, scratch: pytest.TempPathFactory) -> None:
+        self.model_dir = model_dir
+        self.scratch = scratch
+        self.running: dict[str, Server] = {}
+
+    def __getitem__(self, backend: str) -> Server:
+        return self.on(backend, self.model_dir)
+
+    def on(self, backend: str, model_dir: Path) -> Server:
+        """``backend``'s server on the model in ``model_dir`` (an HF folder holding its
+        float32 GGUF too)."""
+        key = f"{backend}:{model_dir}"
+        if key not in self.running:
+            folder = self.scratch.mktemp(f"{backend}_server")
+            self.running[key] = start(backend, model_dir, folder)
+        return self.running[key]
+
+    def close(self) -> None:
+        for running in self.running.values():
+            _stop(running.process)
+
+
+@pytest.fixture(scope="session")
+def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    started = Servers(tiny_model_dir, tmp_path_factory)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture(scope="module")
+def server_backend(request: pytest.FixtureRequest) -> str:
+    """The backend whose server a module's tests talk to: vLLM's unless the module (or a
+    parametrization) says otherwise."""
+    return getattr(request, "param", "vllm")
+
+
+@pytest.fixture(scope="module")
+def server(server_backend: str, servers: Servers, request: pytest.FixtureRequest) -> Server:
+    from conformance_tests.conftest import _selected
+
+    if server_backend not in _selected(request.config):
+        pytest.skip(f"{server_backend} is not selected")
+    if not installed(server_backend):
+        pytest.skip(f"{server_backend} is not installed")
+    return servers[server_backend]
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Any:
+    return client_of(server)
+
+
+def client_of(server: Server) -> Any:
+    """The ``openai`` client of ``server``, with the model its requests name."""
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"{server.base_url}/v1",
+        api_key="EMPTY",
+        timeout=REQUEST_TIMEOUT_S,
+        max_retries=0,
+    )
+    client.served_model = server.model  # what its requests name as their model
+    return client

@@ -1,0 +1,36 @@
+"""llama-cpp-python's own server, started as ``anylogits serve llama-cpp``: the server
+suite (``server_suite``), and what the wiring relies on in llama-cpp-python."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("fastapi")
+
+from conformance_tests.server_suite import *  # noqa: F403  (the suite's tests)
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
+
+
+@pytest.fixture(scope="module")
+def server_backend() -> str:
+    return "llama_cpp"
+
+
+def test_what_the_wiring_relies_on_is_there() -> None:
+    """The names of llama-cpp-python that ``anylogits.adapters.llama_cpp_server`` lists
+    beyond its public API: a release that moves one fails here, by name."""
+    import llama_cpp
+    import llama_cpp.server.__main__ as command
+    import llama_cpp.server.app as app
+
+    assert hasattr(app, "_llama_proxy"), "llama_cpp.server.app._llama_proxy is gone"
+    assert command.create_app is app.create_app, "the server command calls create_app no more"
+    for name in ("settings", "server_settings", "model_settings"):
+        assert name in inspect.signature(app.create_app).parameters, name
+    completion = inspect.signature(llama_cpp.Llama.create_completion).parameters
+    assert "logits_processor" in completion
+    assert "logits_processor" in inspect.signature(llama_cpp.Llama.generate).parameters

@@ -1,0 +1,35 @@
+"""mlx-lm's own server, started as ``anylogits serve mlx``: the server suite
+(``server_suite``), and what the wiring relies on in mlx-lm."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+from conformance_tests.server_suite import *  # noqa: F403  (the suite's tests)
+
+pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
+
+
+@pytest.fixture(scope="module")
+def server_backend() -> str:
+    return "mlx"
+
+
+def test_what_the_wiring_relies_on_is_there() -> None:
+    """The names of mlx-lm that ``anylogits.adapters.mlx_server`` lists beyond its public
+    API: a release that moves one fails here, by name."""
+    import mlx_lm.server as server
+
+    parameters = inspect.signature(server._make_logits_processors).parameters
+    assert list(parameters) == ["args"], parameters
+    assert "handler_class" in inspect.signature(server._run_http_server).parameters
+    assert {f.name for f in dataclasses.fields(server.GenerationArguments)} >= {"logits"}
+    assert "tokens" in inspect.signature(server.APIHandler.generate_response).parameters
+    assert "run" in inspect.getsource(server.main), "mlx_lm.server.main calls run no more"
+    source = inspect.getsource(server.ResponseGenerator)
+    assert source.count("_make_logits_processors(args)") == 2, "a request path changed"

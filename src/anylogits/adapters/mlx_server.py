@@ -1,0 +1,190 @@
+"""mlx-lm's OpenAI-compatible server with per-request anylogits processors.
+
+``anylogits serve mlx --model DIR [its options]`` runs mlx-lm's own server command
+(``mlx_lm.server``, every option of it), which batches requests with ``BatchGenerator``
+and gives each row its own ``logits_processors`` list. Wired here:
+
+- :class:`AnyLogitsHandler`, its request handler: reads each completion request's body
+  and admits its ``vllm_xargs["anylogits"]`` specs (:func:`anylogits.serving.admit`; a
+  refusal is an HTTP 400 with vLLM's message) before mlx-lm parses it; an admitted
+  request's processors travel with its generation arguments
+  (:class:`RequestLogitsArguments`), and its token ids come back when it asks
+  (``return_token_ids``, vLLM's flag);
+- ``mlx_lm.server._make_logits_processors``, the function the generation thread calls
+  for each request (batched or served alone), adds that request's processors to mlx-lm's
+  own: one row, one list, one pipeline.
+
+What of mlx-lm this relies on, beyond its public API (checked against the pinned version
+by ``conformance_tests/test_mlx_server.py``): ``mlx_lm.server._make_logits_processors``
+(wrapped while :func:`main` runs), ``mlx_lm.server.run`` (the name its command calls,
+replaced while :func:`main` runs), ``mlx_lm.server._run_http_server`` (takes the handler
+class), ``APIHandler.response_generator`` / ``generate_response`` /
+``GenerationArguments.logits`` and ``ModelProvider.tokenizer`` / ``cli_args``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import mlx_lm.server as mlx_server
+
+from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of
+from anylogits.core.vocab import Vocabulary
+from anylogits.serving import Admitted, Refused, admit, error_body, with_token_ids
+
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
+DEFAULT_MODEL = "default_model"  # what mlx-lm calls the model given with --model
+MODEL_LOAD_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass
+class RequestLogitsArguments(mlx_server.LogitsProcessorArguments):
+    """mlx-lm's logits arguments of one request, with its anylogits hooks."""
+
+    anylogits: list[MlxLogitsProcessor] = dataclasses.field(default_factory=list)
+
+
+def _make_logits_processors_with_requests(args: Any) -> list[Any]:
+    """mlx-lm's processors for a request's generation arguments, then its own."""
+    processors = _ORIGINAL_MAKE_LOGITS_PROCESSORS(args)
+    return [*processors, *getattr(args.logits, "anylogits", ())]
+
+
+_ORIGINAL_MAKE_LOGITS_PROCESSORS = mlx_server._make_logits_processors
+
+
+class _RequestGeneration:
+    """The server's response generator as one request's handler sees it: the request's
+    hooks join its generation arguments, and its prompt's ids are noted."""
+
+    def __init__(self, shared: Any, hooks: list[MlxLogitsProcessor]) -> None:
+        self._shared = shared
+        self._hooks = hooks
+        self.prompt_ids: list[int] | None = None
+
+    def generate(self, request: Any, generation_args: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._hooks:
+            fields = {
+                f.name: getattr(generation_args.logits, f.name)
+                for f in dataclasses.fields(generation_args.logits)
+            }
+            generation_args.logits = RequestLogitsArguments(**fields, anylogits=self._hooks)
+        ctx, responses = self._shared.generate(request, generation_args, *args, **kwargs)
+        self.prompt_ids = list(ctx.prompt)
+        return ctx, responses
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shared, name)
+
+
+class AnyLogitsHandler(mlx_server.APIHandler):
+    """mlx-lm's request handler, admitting each completion request's processor specs.
+
+    :func:`handler_for` sets the served model's vocabulary and names.
+    """
+
+    vocabulary: Vocabulary
+    served_models: frozenset[str] = frozenset({DEFAULT_MODEL})
+    rfile: Any
+    response_generator: Any
+    _admitted: Admitted | None = None
+    # ThreadingHTTPServer handles each request in a thread of its own.
+    _numbers = itertools.count(1)
+
+    def do_POST(self) -> None:
+        if self.path in COMPLETION_PATHS:
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                length = -1  # mlx-lm answers a missing or bad length itself
+            if length >= 0:
+                raw = self.rfile.read(length)
+                self.rfile = io.BytesIO(raw)  # mlx-lm reads the body again
+                if not self._admit(raw):
+                    return
+        super().do_POST()
+
+    def _admit(self, raw: bytes) -> bool:
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return True  # mlx-lm answers malformed JSON itself
+        try:
+            admitted = admit(body, self.vocabulary, request=f"request {next(self._numbers)}")
+            model = body.get("model", DEFAULT_MODEL) if isinstance(body, dict) else None
+            if admitted.pipeline is not None and model not in self.served_models:
+                raise Refused(
+                    f"model {model!r}: anylogits processors run on the served model only "
+                    f"(one of {sorted(self.served_models)})"
+                )
+        except Refused as refusal:
+            message = error_body(str(refusal))
+            self._set_completion_headers(400)
+            self.send_header("Content-Length", str(len(message)))
+            self.end_headers()
+            self.wfile.write(message)
+            return False
+        self._admitted = admitted
+        hooks = [] if admitted.pipeline is None else [MlxLogitsProcessor(admitted.pipeline)]
+        if hooks or admitted.return_token_ids:
+            self.response_generator = _RequestGeneration(self.response_generator, hooks)
+        return True
+
+    def generate_response(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        response = super().generate_response(*args, **kwargs)
+        tokens = kwargs.get("tokens")
+        admitted = self._admitted
+        if admitted is not None and admitted.return_token_ids and tokens is not None:
+            generation = self.response_generator
+            prompt_ids = (
+                generation.prompt_ids if isinstance(generation, _RequestGeneration) else None
+            )
+            response = with_token_ids(response, prompt_ids, list(tokens))
+        return response
+
+
+def handler_for(model_provider: Any) -> type[AnyLogitsHandler]:
+    """:class:`AnyLogitsHandler` for the model ``model_provider`` serves by default,
+    once it is loaded (mlx-lm's generation thread loads it as it starts)."""
+    deadline = time.monotonic() + MODEL_LOAD_TIMEOUT_S
+    while model_provider.tokenizer is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the model was not loaded in {MODEL_LOAD_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
+    served = {DEFAULT_MODEL, model_provider.cli_args.model}
+    attributes = {
+        "vocabulary": _vocabulary_of(model_provider.tokenizer),
+        "served_models": frozenset(name for name in served if name),
+    }
+    return type("AnyLogitsHandler", (AnyLogitsHandler,), attributes)
+
+
+def run(host: str, port: int, model_provider: Any, **_: Any) -> None:
+    """mlx-lm's ``run``, serving with :class:`AnyLogitsHandler` (not distributed)."""
+    if model_provider.cli_args.model is None:
+        raise SystemExit("anylogits serve mlx needs --model: the processors are built for it")
+    prompt_cache = mlx_server.LRUPromptCache(model_provider.cli_args.prompt_cache_size)
+    response_generator = mlx_server.ResponseGenerator(model_provider, prompt_cache)
+    handler = handler_for(model_provider)
+    mlx_server._run_http_server(host, port, response_generator, handler_class=handler)
+
+
+def main(argv: Sequence[str], prog: str = "anylogits serve mlx") -> int:
+    """Run mlx-lm's server command with ``argv`` (its options), serving per-request
+    anylogits processors."""
+    saved = (sys.argv, mlx_server.run, mlx_server._make_logits_processors)
+    sys.argv = [prog, *argv]
+    mlx_server.run = run
+    mlx_server._make_logits_processors = _make_logits_processors_with_requests
+    try:
+        mlx_server.main()
+    finally:
+        sys.argv, mlx_server.run, mlx_server._make_logits_processors = saved
+    return 0
