@@ -290,3 +290,33 @@ def client_of(server: Server) -> Any:
     )
     client.served_model = server.model  # what its requests name as their model
     return client
+
+
+def check_spec_message(text: str) -> str:
+    """What ``anylogits check-spec`` says the servers answer ``text`` with (run with their
+    plugin list): the message of the HTTP 400."""
+    checked = subprocess.run(
+        [sys.executable, "-m", "anylogits", "check-spec", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **SERVER_PLUGINS},
+        check=False,
+    )
+    assert checked.returncode == 1, checked
+    return "\n".join(checked.stderr.splitlines()[1:])
+
+
+def load_installed_plugins(client: Any) -> None:
+    """Make the server load the installed plugin's entry point, as ``check-spec`` does:
+    a server loads one when a request first names it, and an unknown type's message lists
+    what it has loaded."""
+    import importlib.util
+
+    if importlib.util.find_spec("anylogits_example_plugin") is not None:
+        client.completions.create(
+            model=client.served_model,
+            prompt="1 2 3",
+            max_tokens=1,
+            extra_body={"vllm_xargs": {"anylogits": '[{"type": "ban_two_back"}]'}},
+        )
