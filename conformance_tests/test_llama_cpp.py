@@ -253,7 +253,7 @@ def test_the_hook_copies_llama_cpps_contiguous_logits_row_equal_to_its_candidate
     """Our sampler is the first of the chain, so the candidates llama.cpp hands it are
     the row ``llama_get_logits_ith(ctx, idx)`` in token order: the hook copies that
     contiguous row rather than gathering the records' strided logit column."""
-    import anylogits.adapters.llama_cpp as adapter
+    import anylogits.adapters.llama_cpp.candidates as adapter
 
     rows: list[np.ndarray] = []
     columns: list[np.ndarray] = []
@@ -392,3 +392,30 @@ def test_choice_gives_the_text_of_llama_cpps_grammar_sampler_in_canonical_tokens
     # Pinned: llama.cpp took a non-canonical split of the forced rest (here " " + "al" +
     # "ert" for " alert"); should both ever agree, this comparison can become exact.
     assert native[:-1] != canonical
+
+
+def test_every_private_the_adapter_lists_is_there(llm: Any) -> None:
+    """Each name of llama-cpp-python that ``anylogits.adapters.llama_cpp``'s docstring
+    lists beyond its documented API exists on the installed version (CI installs the
+    pinned one): a release that moves one fails here, by name."""
+    import importlib
+    import re
+
+    import anylogits.adapters.llama_cpp as adapter
+    from anylogits.testing.pins import LLAMA_CPP_PYTHON_VERSION
+
+    listed = re.findall(r"^- ``([\w.]+)\.(\w+)``:", adapter.__doc__ or "", re.M)
+    assert len(listed) >= 10, listed
+    sampler = llm._init_sampler(logits_processor=[lambda ids, scores: scores])
+    owners: dict[str, Any] = {
+        "Llama": llm,
+        "LlamaSampler": sampler,
+        "CustomSampler": sampler.custom_samplers[0][1],
+    }
+    for owner, name in listed:
+        if owner not in owners:
+            owners[owner] = importlib.import_module(owner)  # a module of llama-cpp-python
+        assert hasattr(owners[owner], name), (
+            f"llama-cpp-python {llama_cpp.__version__} (pinned: {LLAMA_CPP_PYTHON_VERSION}) "
+            f"has no {owner}.{name}, which anylogits.adapters.llama_cpp relies on"
+        )

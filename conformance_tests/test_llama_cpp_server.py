@@ -21,8 +21,8 @@ def server_backend() -> str:
 
 
 def test_what_the_wiring_relies_on_is_there() -> None:
-    """The names of llama-cpp-python that ``anylogits.adapters.llama_cpp_server`` lists
-    beyond its public API: a release that moves one fails here, by name."""
+    """The server's wiring calls what llama-cpp-python's server command and app are
+    built from (the names themselves: ``test_llama_cpp.py``)."""
     import llama_cpp
     import llama_cpp.server.__main__ as command
     import llama_cpp.server.app as app

@@ -21,7 +21,7 @@ def server_backend() -> str:
 
 
 def test_what_the_wiring_relies_on_is_there() -> None:
-    """The names of mlx-lm that ``anylogits.adapters.mlx_server`` lists beyond its public
+    """The names of mlx-lm that ``anylogits.adapters.mlx.server`` lists beyond its public
     API: a release that moves one fails here, by name."""
     import mlx_lm.server as server
 

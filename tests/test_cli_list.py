@@ -16,7 +16,8 @@ from test_plugins import install_distribution
 
 import anylogits
 from anylogits.catalogue_listing import NOT_IN_MATRIX, catalogue_entries
-from anylogits.core.specs import constructor_parameters, registered_processors
+from anylogits.core.registry import registered_processors
+from anylogits.core.specs import constructor_parameters
 from anylogits.support import packaged_support_matrix
 from anylogits.testing.catalogue import catalogue_classes
 

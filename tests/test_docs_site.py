@@ -12,7 +12,8 @@ from docs.hooks.catalogue import catalogue_markdown, reference_markdown
 
 import anylogits
 from anylogits.adapters.transformers_processors import TransformersProcessor
-from anylogits.core.specs import constructor_parameters, registered_type
+from anylogits.core.registry import registered_type
+from anylogits.core.specs import constructor_parameters
 from anylogits.testing.catalogue import catalogue_classes
 
 DOCS = Path(__file__).parents[1] / "docs"

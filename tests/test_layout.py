@@ -64,3 +64,47 @@ def test_every_file_the_layout_names_exists() -> None:
             named += 1
             assert (folder / name).exists(), f"README's layout names {folder / name}"
     assert named >= 10
+
+
+def _core_imports() -> dict[str, set[str]]:
+    """Each core module's imports of other core modules, wherever they sit (function
+    bodies included), except under ``if TYPE_CHECKING:``."""
+    import ast
+
+    core = Path(anylogits.__file__).parent / "core"
+    graph: dict[str, set[str]] = {}
+    for path in core.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        skipped = {
+            id(child)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for child in ast.walk(node)
+        }
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped or not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            if node.module == "anylogits.core":
+                names |= {alias.name for alias in node.names}
+            elif node.module.startswith("anylogits.core."):
+                names.add(node.module.split(".")[2])
+        graph[path.stem] = names - {path.stem, "__init__"}
+    return graph
+
+
+def test_core_has_no_import_loop() -> None:
+    graph = _core_imports()
+    assert graph["specs"] >= {"registry"} and "specs" not in graph["registry"]
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import loop in anylogits.core: {' -> '.join(path)}"
+        if module in done:
+            return
+        for imported in graph.get(module, ()):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())

@@ -133,7 +133,7 @@ def test_load_plugins_imports_every_entry_point_at_once(tmp_path: Path) -> None:
         tmp_path,
         """
         import anylogits
-        from anylogits.core.specs import registered_processors
+        from anylogits.core.registry import registered_processors
 
         before = "anylogits_demo_plugin" in sys.modules
         anylogits.load_plugins()

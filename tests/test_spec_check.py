@@ -45,7 +45,7 @@ def fresh_server_messages() -> dict[str, str]:
     code = (
         "import json, sys\n"
         "from anylogits.adapters.vllm_requests import validate_request\n"
-        "from anylogits.core.plugins import load_plugins\n"
+        "from anylogits.core.registry import load_plugins\n"
         "load_plugins()\n"
         "messages = {}\n"
         "for case, text in json.load(sys.stdin).items():\n"

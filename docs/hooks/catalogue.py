@@ -41,7 +41,7 @@ def builtin_processors() -> dict[str, type[LogitsProcessor]]:
     """Every processor class anylogits itself registers, by spec name (plugins' classes,
     which the registry also holds once loaded, are left out)."""
     import anylogits  # noqa: F401  (registers the catalogue and the adapters' wire types)
-    from anylogits.core.specs import registered_processors
+    from anylogits.core.registry import registered_processors
 
     return {
         name: cls

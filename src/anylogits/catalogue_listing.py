@@ -9,9 +9,10 @@ import sys
 import textwrap
 from typing import Any
 
-from anylogits.core import plugins
+from anylogits.core import registry
 from anylogits.core.processor import LogitsProcessor
-from anylogits.core.specs import constructor_parameters, registered_processors
+from anylogits.core.registry import registered_processors
+from anylogits.core.specs import constructor_parameters
 from anylogits.support import LEVEL_MEANINGS, cell_text, packaged_support_matrix
 
 NOT_IN_MATRIX = "not in the matrix"
@@ -36,9 +37,9 @@ def _parameter(name: str, parameter: inspect.Parameter) -> dict[str, Any]:
 
 
 def _origin(spec_name: str, cls: type[LogitsProcessor]) -> str:
-    declared = plugins.available_entry_points().get(spec_name)
+    declared = registry.available_entry_points().get(spec_name)
     if declared:
-        return plugins.entry_point_origin(declared[0])
+        return registry.entry_point_origin(declared[0])
     return cls.__module__
 
 

@@ -30,7 +30,7 @@ def _add_list(commands: argparse._SubParsersAction) -> None:
 
 def _add_check_spec(commands: argparse._SubParsersAction) -> None:
     from anylogits.core.limits import ENVIRONMENT_VARIABLE as LIMITS_VARIABLE
-    from anylogits.core.plugins import PLUGINS_VARIABLE
+    from anylogits.core.registry import PLUGINS_VARIABLE
 
     check = commands.add_parser(
         "check-spec",

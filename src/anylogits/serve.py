@@ -45,9 +45,9 @@ def serve(argv: Sequence[str]) -> int:
         os.execv(command[0], command)
     try:
         if engine == "llama-cpp":
-            from anylogits.adapters.llama_cpp_server import main
+            from anylogits.adapters.llama_cpp.server import main
         else:
-            from anylogits.adapters.mlx_server import main
+            from anylogits.adapters.mlx.server import main
     except ImportError as error:
         print(
             f"anylogits serve {engine}: {error}; install it with {INSTALL[engine]}", file=sys.stderr

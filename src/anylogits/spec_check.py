@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anylogits.adapters.vllm_requests import SPEC_KEY, validate_request
-from anylogits.core import plugins
+from anylogits.core import registry
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 
@@ -91,7 +91,7 @@ def check_request(text: str) -> SpecCheck:
     try:
         # As a server that has loaded its plugins (its engine loads every one at start,
         # its frontend each on first use), so an unknown type's message lists the same.
-        plugins.load_plugins()
+        registry.load_plugins()
     except ValueError as error:
         return SpecCheck(
             False, f"a plugin fails to load, as it would at engine start: {error}", False

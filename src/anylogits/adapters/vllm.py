@@ -44,7 +44,7 @@ from anylogits.adapters.vllm_requests import (
     validate_request,
 )
 from anylogits.core.limits import limits
-from anylogits.core.plugins import load_plugins
+from anylogits.core.registry import load_plugins
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
@@ -272,11 +272,6 @@ if V2LogitsProcessor is not None:
 else:  # pragma: no cover - older vLLM
     AnyLogitsV2Runner = None  # type: ignore[assignment,misc]
     AnyLogits = AnyLogitsV1Runner  # type: ignore[assignment,misc]
-
-# The names these classes had first ("V1"/"V2" read as engine versions; they are runners).
-AnyLogitsV1 = AnyLogitsV1Runner
-AnyLogitsV1ArgmaxInvariant = AnyLogitsV1RunnerArgmaxInvariant
-AnyLogitsV2 = AnyLogitsV2Runner
 
 
 def uses_v2_model_runner(vllm_config: VllmConfig | None = None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from anylogits.core import specs
+from anylogits.core import registry, specs
 
 if TYPE_CHECKING:
     import torch
@@ -73,8 +73,7 @@ class LogitsProcessor:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("spec_name") is not None:
-            specs.register(cls)
+        registry.register(cls)
 
     vocab: Vocabulary | None = None
 

@@ -8,57 +8,11 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from anylogits.core import plugins
 from anylogits.core.limits import check_size, limits
+from anylogits.core.registry import processor_type
 
 if TYPE_CHECKING:
     from anylogits.core.processor import LogitsProcessor
-
-# Every processor class with a ``spec_name``, by that name; filled as classes are defined.
-_REGISTRY: dict[str, type[LogitsProcessor]] = {}
-
-
-def register(cls: type[LogitsProcessor]) -> None:
-    """Make ``cls`` buildable from specs whose ``"type"`` is its ``spec_name``
-    (``LogitsProcessor`` subclasses call it when they are defined)."""
-    name = cls.spec_name
-    assert name is not None
-    if name in _REGISTRY and _REGISTRY[name] is not cls:
-        raise TypeError(
-            f"spec_name {name!r} of {cls.__qualname__} is already used by "
-            f"{_REGISTRY[name].__qualname__}; choose another spec_name"
-        )
-    _REGISTRY[name] = cls
-
-
-def registered_type(name: str) -> type[LogitsProcessor] | None:
-    """The class registered under ``name`` so far (plugins not loaded), or ``None``."""
-    return _REGISTRY.get(name)
-
-
-def registered_processors() -> dict[str, type[LogitsProcessor]]:
-    """Every processor class that has a ``spec_name``, by that name, plugins included
-    (loads them all: ``ValueError`` when one fails, see :func:`anylogits.load_plugins`)."""
-    plugins.load_plugins()
-    return dict(_REGISTRY)
-
-
-def processor_type(kind: Any) -> type[LogitsProcessor]:
-    """The class a spec's ``"type"`` names, loading plugins the first time a type is not
-    yet registered; ``ValueError`` saying the known types and plugins otherwise."""
-    if isinstance(kind, str):
-        cls = _REGISTRY.get(kind)
-        if cls is not None:
-            return cls
-        plugins.find_plugin_type(kind)
-        cls = _REGISTRY.get(kind)
-        if cls is not None:
-            return cls
-    known = ", ".join(sorted(set(_REGISTRY) | set(plugins.available_entry_points())))
-    raise ValueError(
-        f"spec field 'type' is {kind!r}; known processor types: {known}; "
-        f"{plugins.describe_plugins()}"
-    )
 
 
 def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:

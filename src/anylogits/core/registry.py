@@ -1,4 +1,5 @@
-"""Plugins: processor types from installed packages and operator-listed modules.
+"""The registry: every processor type a spec can name, by its ``spec_name``, and the
+plugins that add types from installed packages and operator-listed modules.
 
 A spec names a processor by a registry key, never by an import path (a client could
 otherwise import any module on a server). Types beyond the catalogue join the registry in
@@ -25,7 +26,12 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import weakref
 from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from anylogits.core.processor import LogitsProcessor
 
 ENTRY_POINT_GROUP = "anylogits.processors"
 PLUGINS_VARIABLE = "ANYLOGITS_PLUGINS"
@@ -35,6 +41,65 @@ HOW_TO_ADD = (
     f"it in the environment variable {PLUGINS_VARIABLE} (comma-separated) of every process "
     "that reads specs, the server's included"
 )
+
+# Every processor class with a ``spec_name`` of its own, by that name; filled as classes
+# are defined.
+_REGISTRY: dict[str, type[LogitsProcessor]] = {}
+# Every processor class defined (what a plugin's entry point must load).
+_PROCESSOR_CLASSES: weakref.WeakSet[type[LogitsProcessor]] = weakref.WeakSet()
+
+
+def register(cls: type[LogitsProcessor]) -> None:
+    """Note a ``LogitsProcessor`` subclass (each calls this when it is defined) and, when
+    it sets a ``spec_name`` of its own, make it buildable from specs of that ``"type"``."""
+    _PROCESSOR_CLASSES.add(cls)
+    name = cls.__dict__.get("spec_name")
+    if name is None:
+        return
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise TypeError(
+            f"spec_name {name!r} of {cls.__qualname__} is already used by "
+            f"{_REGISTRY[name].__qualname__}; choose another spec_name"
+        )
+    _REGISTRY[name] = cls
+
+
+def _processor_class(value: object) -> type[LogitsProcessor] | None:
+    """``value`` when it is a ``LogitsProcessor`` subclass, else ``None``."""
+    for cls in _PROCESSOR_CLASSES:
+        if cls is value:
+            return cls
+    return None
+
+
+def registered_type(name: str) -> type[LogitsProcessor] | None:
+    """The class registered under ``name`` so far (plugins not loaded), or ``None``."""
+    return _REGISTRY.get(name)
+
+
+def registered_processors() -> dict[str, type[LogitsProcessor]]:
+    """Every processor class that has a ``spec_name``, by that name, plugins included
+    (loads them all: ``ValueError`` when one fails, see :func:`anylogits.load_plugins`)."""
+    load_plugins()
+    return dict(_REGISTRY)
+
+
+def processor_type(kind: Any) -> type[LogitsProcessor]:
+    """The class a spec's ``"type"`` names, loading plugins the first time a type is not
+    yet registered; ``ValueError`` saying the known types and plugins otherwise."""
+    if isinstance(kind, str):
+        cls = _REGISTRY.get(kind)
+        if cls is not None:
+            return cls
+        find_plugin_type(kind)
+        cls = _REGISTRY.get(kind)
+        if cls is not None:
+            return cls
+    known = ", ".join(sorted(set(_REGISTRY) | set(available_entry_points())))
+    raise ValueError(
+        f"spec field 'type' is {kind!r}; known processor types: {known}; {describe_plugins()}"
+    )
+
 
 # Loading imports user code, which may define processors (and so register them) or, on
 # a server, race another thread's first unknown type; reentrant for imports that build specs.
@@ -106,9 +171,6 @@ def entry_point_origin(entry_point: EntryPoint) -> str:
 def load_entry_point(name: str) -> None:
     """Import the entry point keyed ``name`` and check it registered itself under that
     key; ``ValueError`` naming the entry point and its distribution otherwise."""
-    from anylogits.core import specs
-    from anylogits.core.processor import LogitsProcessor
-
     with _lock:
         if name in _loaded_entry_points:
             return
@@ -130,22 +192,23 @@ def load_entry_point(name: str) -> None:
                     f"{type(error).__name__}: {error}"
                 )
             if problem is None:
-                if not (isinstance(loaded, type) and issubclass(loaded, LogitsProcessor)):
+                cls = _processor_class(loaded)
+                if cls is None:
                     problem = (
                         f"anylogits plugin {entry_point_origin(entry_point)} is {loaded!r}, not a "
                         "subclass of anylogits.LogitsProcessor"
                     )
-                elif loaded.spec_name != name:
+                elif cls.spec_name != name:
                     problem = (
                         f"anylogits plugin {entry_point_origin(entry_point)} loads "
-                        f"{loaded.__qualname__}, whose spec_name is {loaded.spec_name!r}; "
+                        f"{cls.__qualname__}, whose spec_name is {cls.spec_name!r}; "
                         "the entry point's key must equal the class's spec_name"
                     )
-                elif specs.registered_type(name) is not loaded:
+                elif registered_type(name) is not cls:
                     problem = (
                         f"anylogits plugin {entry_point_origin(entry_point)} loads "
-                        f"{loaded.__qualname__}, but spec_name {name!r} is registered to "
-                        f"{specs.registered_type(name)!r}"
+                        f"{cls.__qualname__}, but spec_name {name!r} is registered to "
+                        f"{registered_type(name)!r}"
                     )
         if problem is not None:
             _failed_entry_points[name] = problem
@@ -157,11 +220,10 @@ def find_plugin_type(name: str) -> bool:
     """Load what could define the processor type ``name``: the ``ANYLOGITS_PLUGINS``
     modules, then the entry point keyed ``name`` if one is installed. ``True`` when an
     entry point was loaded for it; ``ValueError`` when a plugin fails."""
-    from anylogits.core import specs
 
     with _lock:
         import_plugin_modules()
-        if specs.registered_type(name) is not None:
+        if registered_type(name) is not None:
             return False
         if name not in available_entry_points():
             return False

@@ -1,5 +1,6 @@
 """MLX (mlx-lm): logits processors for ``generate``, ``stream_generate``,
-``generate_step`` and ``BatchGenerator``.
+``generate_step`` and ``BatchGenerator``; mlx-lm's OpenAI-compatible server with
+per-request processors is wired in :mod:`~anylogits.adapters.mlx.server`.
 
 mlx-lm calls each processor as ``logits = processor(tokens, logits)``: ``tokens`` is the
 1-D history of one sequence (prompt included; int32 at first, int64 later), ``logits``

@@ -16,12 +16,7 @@ server command (``python -m llama_cpp.server``, every option of it) with the app
 
 llama-cpp-python serves one request at a time, so a request's processors run alone.
 
-What of llama-cpp-python this relies on, beyond its public API (checked against the
-pinned version by ``conformance_tests/test_llama_cpp_server.py``):
-``llama_cpp.server.app._llama_proxy`` (the model proxy ``create_app`` builds: the served
-model is read from it), ``llama_cpp.server.__main__.create_app`` (the name its command
-calls, replaced while :func:`main` runs), and what :mod:`anylogits.adapters.llama_cpp`
-lists for the hook itself.
+What of llama-cpp-python it relies on is listed in the package's docstring.
 """
 
 from __future__ import annotations
@@ -39,13 +34,13 @@ import llama_cpp
 import llama_cpp.server.__main__ as server_command
 import llama_cpp.server.app as server_app
 
-from anylogits.adapters.llama_cpp import (
+from anylogits.adapters.llama_cpp.candidates import use_candidate_sets
+from anylogits.adapters.llama_cpp.hook import (
     AnyLogitsProcessorList,
     HookFailures,
     LlamaCppLogitsProcessor,
-    _shrink_candidates,
-    vocabulary_of,
 )
+from anylogits.adapters.llama_cpp.vocabulary import vocabulary_of
 from anylogits.core.vocab import Vocabulary
 from anylogits.serving import Admitted, Refused, admit, error_body, with_token_ids
 
@@ -200,7 +195,7 @@ def serve_requests(llm: llama_cpp.Llama) -> None:
     being served and notes its token ids when asked."""
     if llm.__dict__.get("_anylogits_serving"):
         return
-    _shrink_candidates(llm)
+    use_candidate_sets(llm)
     eos = llm.token_eos()
     create_completion = llm.create_completion
     generate = llm.generate
