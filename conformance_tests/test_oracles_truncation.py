@@ -63,7 +63,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import LogitsProcessor, Pipeline
-from anylogits.processors.truncation import (
+from anylogits.processors.adaptive_truncation import (
     EpsilonCutoff,
     EtaCutoff,
     TopH,

@@ -20,18 +20,16 @@ from anylogits.core.pipeline import run_on_candidates
 from anylogits.core.processor import Candidates, LogitsProcessor
 from anylogits.core.sync import forbid_host_sync
 from anylogits.processors._ops import probabilities, top_logits
-from anylogits.processors.penalties import RepetitionPenalty
-from anylogits.processors.temperature import Temperature
-from anylogits.processors.truncation import (
+from anylogits.processors.adaptive_truncation import (
     EpsilonCutoff,
     EtaCutoff,
-    MinP,
     TopH,
-    TopK,
     TopNSigma,
-    TopP,
     TypicalP,
 )
+from anylogits.processors.penalties import RepetitionPenalty
+from anylogits.processors.temperature import Temperature
+from anylogits.processors.truncation import MinP, TopK, TopP
 from anylogits.testing.host_reads import HostReads, TorchCalls
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

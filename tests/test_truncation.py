@@ -11,7 +11,13 @@ import torch
 
 from anylogits import LogitsProcessor, Pipeline, Vocabulary, from_spec
 from anylogits.core.batch import Batch
-from anylogits.processors.truncation import EpsilonCutoff, EtaCutoff, TopH, TopNSigma, TypicalP
+from anylogits.processors.adaptive_truncation import (
+    EpsilonCutoff,
+    EtaCutoff,
+    TopH,
+    TopNSigma,
+    TypicalP,
+)
 from anylogits.processors.xtc import XTC
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)

@@ -1,7 +1,8 @@
 """The processor catalogue, torch only, one module per mechanism:
 
 - temperature: Temperature
-- truncation: TopK, TopP, MinP, TypicalP, EpsilonCutoff, EtaCutoff, TopNSigma, TopH
+- truncation: TopK, TopP, MinP
+- adaptive_truncation: TypicalP, EpsilonCutoff, EtaCutoff, TopNSigma, TopH
 - xtc: XTC
 - penalties: RepetitionPenalty, PresencePenalty, FrequencyPenalty
 - dry: DRY
@@ -17,6 +18,13 @@ checks), ``_greenlist`` (the watermark's seeding, shared with its detector) and 
 structured processors' ``_bitmask``, ``_grammar_engine``, ``_grammar_state``.
 """
 
+from anylogits.processors.adaptive_truncation import (
+    EpsilonCutoff,
+    EtaCutoff,
+    TopH,
+    TopNSigma,
+    TypicalP,
+)
 from anylogits.processors.bans import BadWords, NoRepeatNGram, SuppressTokens
 from anylogits.processors.bias import CiteFromPrompt, LogitBias, SequenceBias
 from anylogits.processors.dry import DRY
@@ -35,16 +43,7 @@ from anylogits.processors.length import (
 from anylogits.processors.penalties import FrequencyPenalty, PresencePenalty, RepetitionPenalty
 from anylogits.processors.structured import Choice, Grammar, JSONSchema, Regex
 from anylogits.processors.temperature import Temperature
-from anylogits.processors.truncation import (
-    EpsilonCutoff,
-    EtaCutoff,
-    MinP,
-    TopH,
-    TopK,
-    TopNSigma,
-    TopP,
-    TypicalP,
-)
+from anylogits.processors.truncation import MinP, TopK, TopP
 from anylogits.processors.watermark import Watermark
 from anylogits.processors.xtc import XTC
 
