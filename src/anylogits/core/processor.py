@@ -9,6 +9,7 @@ from anylogits.core import registry, specs
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import Self
 
     from anylogits.core.batch import Batch
     from anylogits.core.vocab import Vocabulary
@@ -137,7 +138,7 @@ class LogitsProcessor:
         return processor
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
         """One processor applying ``processors[i]`` (all of this class) to row ``i``.
 
         Engines that batch many requests in slots use it to process rows that run the

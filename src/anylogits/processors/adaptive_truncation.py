@@ -12,7 +12,7 @@ Parameters reach the row functions as per-row tensors, so a processor and the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from anylogits.processors._ops import (
     top_logits,
 )
 from anylogits.processors.truncation import with_top_tokens
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class TypicalP(LogitsProcessor):
@@ -81,13 +84,13 @@ class TypicalP(LogitsProcessor):
         )
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        min_keeps = [p.min_tokens_to_keep for p in processors]  # type: ignore[attr-defined]
-        if all(p.mass >= 1.0 for p in processors):  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        min_keeps = [p.min_tokens_to_keep for p in processors]
+        if all(p.mass >= 1.0 for p in processors):
             return RowwiseProcessor(_unchanged, row_local=True)
         return RowwiseProcessor(
             _typical_rows,
-            masses=row_values([p.mass for p in processors]),  # type: ignore[attr-defined]
+            masses=row_values([p.mass for p in processors]),
             min_keep=max(min_keeps),
             min_keeps=torch.tensor(min_keeps),
             first_chunk=cls.first_chunk,
@@ -203,13 +206,13 @@ class _ProbabilityFloor(LogitsProcessor):
         return type(self)._rows(logits, batch, self._epsilons, self.min_tokens_to_keep)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        min_keeps = [p.min_tokens_to_keep for p in processors]  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        min_keeps = [p.min_tokens_to_keep for p in processors]
         return RowwiseProcessor(
             cls._rows,
             row_local=cls.row_local,
             keeps_order=cls.keeps_order,
-            epsilons=row_values([p.epsilon for p in processors]),  # type: ignore[attr-defined]
+            epsilons=row_values([p.epsilon for p in processors]),
             min_keep=max(min_keeps),
             min_keeps=torch.tensor(min_keeps),
         )
@@ -316,8 +319,8 @@ class TopNSigma(LogitsProcessor):
         return _top_n_sigma_rows(logits, batch, self._ns)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        return RowwiseProcessor(_top_n_sigma_rows, ns=row_values([p.n for p in processors]))  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        return RowwiseProcessor(_top_n_sigma_rows, ns=row_values([p.n for p in processors]))
 
 
 def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: torch.Tensor) -> torch.Tensor:
@@ -370,8 +373,8 @@ class TopH(LogitsProcessor):
         return _top_h_rows(logits, batch, self._top_hs, self.considered)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        top_hs = row_values([p.top_h for p in processors])  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        top_hs = row_values([p.top_h for p in processors])
         return RowwiseProcessor(_top_h_rows, top_hs=top_hs, considered=cls.considered)
 
 

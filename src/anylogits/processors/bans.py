@@ -9,7 +9,7 @@ Oracles: transformers ``SuppressTokensLogitsProcessor``, ``NoBadWordsLogitsProce
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from anylogits.processors._checks import (
     token_sequence,
 )
 from anylogits.processors._ops import RowColumns, SequenceEnds, TokenColumns, suppress_rows
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class SuppressTokens(LogitsProcessor):
@@ -63,8 +66,8 @@ class SuppressTokens(LogitsProcessor):
         return logits.index_fill_(1, self._columns.on(logits), float("-inf"))
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        ids_per_row = [list(p.token_ids) for p in processors]  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        ids_per_row = [list(p.token_ids) for p in processors]
         return RowwiseProcessor(suppress_rows, index=RowColumns("token_ids", ids_per_row))
 
 

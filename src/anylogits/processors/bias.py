@@ -9,7 +9,7 @@ Oracles: transformers ``SequenceBiasLogitsProcessor``; logits-processor-zoo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -27,6 +27,9 @@ from anylogits.processors._ops import (
     eos_ids,
     no_eos,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class LogitBias(LogitsProcessor):
@@ -84,8 +87,8 @@ class LogitBias(LogitsProcessor):
         return logits.index_add_(1, columns, values.expand(logits.shape[0], -1))
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        biases = [p.bias for p in processors]  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        biases = [p.bias for p in processors]
         values = [v for bias in biases for v in bias.values()]
         return RowwiseProcessor(
             add_rows, index=RowColumns("bias", [list(bias) for bias in biases], values)

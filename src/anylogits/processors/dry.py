@@ -12,7 +12,7 @@ import itertools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
 from anylogits.processors._ops import opmath, row_values
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 # llama.cpp's limits on sequence breakers (llama_sampler_init_dry): the text is cut to 40
 # bytes and the tokens that follow a breaker's first token to 20.
@@ -157,9 +160,9 @@ class DRY(LogitsProcessor):
         )
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
-        first: DRY = processors[0]  # type: ignore[assignment]
-        rows: list[DRY] = list(processors)  # type: ignore[arg-type]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
+        first = processors[0]
+        rows = list(processors)
         if any(
             p.sequence_breakers != first.sequence_breakers or p.vocab is not first.vocab
             for p in rows

@@ -9,7 +9,7 @@ window); vLLM ``apply_penalties`` for presence and frequency.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import finite_float, int_at_least, positive_float
 from anylogits.processors._ops import history_within, opmath, row_values
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class RepetitionPenalty(LogitsProcessor):
@@ -68,11 +71,11 @@ class RepetitionPenalty(LogitsProcessor):
         return _repetition_penalty(logits, batch, self.penalty, self.context_size, out=out)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
-        sizes = {p.context_size for p in processors}  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
+        sizes = {p.context_size for p in processors}
         if len(sizes) > 1:
             return None
-        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+        penalties = row_values([p.penalty for p in processors])
         return RowwiseProcessor(_repetition_penalty, penalty=penalties, context_size=sizes.pop())
 
 
@@ -185,8 +188,8 @@ class _OutputTokenPenalty(LogitsProcessor):
         return type(self)._rows(logits, batch, self._penalties)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        penalties = row_values([p.penalty for p in processors])  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        penalties = row_values([p.penalty for p in processors])
         return _RowwiseWithSequences(cls._rows, penalty=penalties)
 
 

@@ -6,7 +6,7 @@ Oracle: transformers ``TemperatureLogitsWarper``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,9 @@ from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.processors._checks import positive_float
 from anylogits.processors._ops import divide_rows, row_values
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class Temperature(LogitsProcessor):
@@ -46,8 +49,8 @@ class Temperature(LogitsProcessor):
         return logits.div_(self.temperature)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        temperatures = [p.temperature for p in processors]  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        temperatures = [p.temperature for p in processors]
         return RowwiseProcessor(
             divide_rows, row_local=True, keeps_order=True, divisors=row_values(temperatures)
         )

@@ -12,7 +12,7 @@ Parameters reach the row functions as per-row tensors, so a processor and the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -30,6 +30,9 @@ from anylogits.processors._ops import (
     sorted_descending,
     top_logits,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class TopK(LogitsProcessor):
@@ -67,8 +70,8 @@ class TopK(LogitsProcessor):
         return _top_k_candidates(logits, batch, max(self.top_k, self.min_tokens_to_keep))
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor:
-        ks = [max(p.top_k, p.min_tokens_to_keep) for p in processors]  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
+        ks = [max(p.top_k, p.min_tokens_to_keep) for p in processors]
         return RowwiseProcessor(
             _top_k_rows,
             row_local=True,
@@ -279,11 +282,11 @@ class MinP(LogitsProcessor):
         return _min_p(values, self.min_p, self.min_tokens_to_keep, descending=True)
 
     @classmethod
-    def stack(cls, processors: Sequence[LogitsProcessor]) -> LogitsProcessor | None:
-        keep = {p.min_tokens_to_keep for p in processors}  # type: ignore[attr-defined]
+    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
+        keep = {p.min_tokens_to_keep for p in processors}
         if len(keep) > 1:
             return None
-        min_ps = row_values([p.min_p for p in processors])  # type: ignore[attr-defined]
+        min_ps = row_values([p.min_p for p in processors])
         return RowwiseProcessor(
             _min_p_rows,
             row_local=True,
