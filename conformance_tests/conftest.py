@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from anylogits.testing.backends import BACKENDS, installed
-from anylogits.testing.engines import GenerationEngine, TransformersEngine
+from anylogits.engines.backends import BACKENDS, installed
+from anylogits.engines.generation import GenerationEngine, TransformersEngine
 from conformance_tests.servers import client, server, server_backend, servers  # noqa: F401
 from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
 
@@ -85,7 +85,7 @@ def real_model_dir() -> Path:
     folder and float32 GGUF from the same dequantized tensors)."""
     pytest.importorskip("transformers")
     pytest.importorskip("gguf")
-    from anylogits.testing.real_model import build_real_model
+    from anylogits.engines.real_model import build_real_model
 
     return build_real_model()
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from anylogits.core.specs import from_spec, to_specs
 from anylogits.core.vocab import Vocabulary
-from anylogits.testing.engines import NEW_TOKENS, Generated
-from anylogits.testing.native import Job
+from anylogits.engines.generation import NEW_TOKENS, Generated
+from anylogits.engines.native import Job
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 600  # vLLM's start on a CPU takes ~30-60 s; a busy machine, more
@@ -31,7 +31,7 @@ CALL_SECONDS = 600
 
 class EngineProcess:
     """The engine of ``backend`` on ``model_dir``, in a child process. Implements the
-    calls of :class:`~anylogits.testing.engines.GenerationEngine` that the real-model
+    calls of :class:`~anylogits.engines.generation.GenerationEngine` that the real-model
     level makes (``encode``, ``greedy``, ``sampled``, ``native``, ``structured``)."""
 
     def __init__(self, backend: str, model_dir: Path, scratch: Path, vocabulary: Vocabulary):
@@ -105,7 +105,7 @@ def _serve(backend: str, model_dir: Path, scratch: Path) -> None:
     """Answer one JSON line per request on the stdout this process started with."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the engine prints goes to the log, not into the answers
-    from anylogits.testing.backends import BACKENDS
+    from anylogits.engines.backends import BACKENDS
 
     engine: Any = BACKENDS[backend].engine(model_dir, scratch)
     for line in sys.stdin:

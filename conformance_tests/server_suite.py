@@ -27,7 +27,7 @@ from anylogits import (
     SuppressTokens,
     to_specs,
 )
-from anylogits.testing.engines import NEW_TOKENS, GenerationEngine, TransformersEngine
+from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
 from anylogits.testing.probes import RaiseAfter
 from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES, EOS
 from conformance_tests.servers import (
@@ -296,7 +296,7 @@ def test_real_model_extracts_the_person_through_the_server(
     transformers = pytest.importorskip("transformers")
     from anylogits import JSONSchema
     from anylogits.demo.cases import JSON_PROMPT, JSON_TOKENS, PERSON
-    from anylogits.testing.real_model import chat_ids
+    from anylogits.engines.real_model import chat_ids
 
     client = client_of(real_server)
     response = client.chat.completions.create(

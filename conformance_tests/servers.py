@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from anylogits.testing.backends import installed
-from anylogits.testing.engines import vllm_environment
+from anylogits.engines.backends import installed
+from anylogits.engines.generation import vllm_environment
 
 MODEL_NAME = "tiny"  # vLLM's served model name
 # What a request names as its model: mlx-lm's server calls the one given with --model this.

@@ -211,7 +211,7 @@ def render_json(matrix: dict[str, Any]) -> str:
 
 
 def main(arguments: list[str]) -> int:
-    from anylogits.testing.backends import BACKENDS
+    from anylogits.engines.backends import BACKENDS
 
     strict = "--strict" in arguments
     arguments = [a for a in arguments if a != "--strict"]

@@ -24,7 +24,7 @@ from anylogits.demo.cases import (
     STOP_PROMPT,
     WATERMARK_PROMPT,
 )
-from anylogits.testing.backends import BACKENDS, installed
+from anylogits.engines.backends import BACKENDS, installed
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

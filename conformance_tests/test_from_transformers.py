@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from anylogits import from_transformers
-from anylogits.testing.engines import GenerationEngine, TransformersEngine
+from anylogits.engines.generation import GenerationEngine, TransformersEngine
 from conformance_tests.reference import COUNTING
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import JSONSchema, LogitsProcessor, Regex
-from anylogits.testing.engines import NEW_TOKENS, GenerationEngine, TransformersEngine
+from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
 from conformance_tests.reference import (
     COUNTING,
     CROSS_ENGINE_CASES,

@@ -46,7 +46,7 @@ from anylogits import (  # noqa: E402
     TopP,
     for_transformers,
 )
-from anylogits.testing.engines import NEW_TOKENS  # noqa: E402
+from anylogits.engines.generation import NEW_TOKENS  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,

@@ -31,7 +31,7 @@ from anylogits import (  # noqa: E402
     for_llama_cpp,
 )
 from anylogits.adapters.llama_cpp import SHRINK_BELOW, vocabulary_of  # noqa: E402
-from anylogits.testing.engines import LlamaCppEngine  # noqa: E402
+from anylogits.engines.generation import LlamaCppEngine  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,

@@ -40,7 +40,7 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.adapters.mlx import MlxLogitsProcessor  # noqa: E402
 from anylogits.core.batch import Batch  # noqa: E402
-from anylogits.testing.engines import NEW_TOKENS, MlxEngine  # noqa: E402
+from anylogits.engines.generation import NEW_TOKENS, MlxEngine  # noqa: E402
 from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,

@@ -1,5 +1,5 @@
 """The real-model level: SmolLM2-135M-Instruct, a trained model, with identical float32
-weights in every engine (``anylogits.testing.real_model``), in every backend's session.
+weights in every engine (``anylogits.engines.real_model``), in every backend's session.
 
 - unprocessed greedy tokens on chat prompts equal transformers' on the same weights;
 - ten catalogue processors give the tokens of transformers' *own* processors for the same
@@ -49,9 +49,9 @@ from anylogits import (
     Watermark,
 )
 from anylogits.demo.cases import JSON_PROMPT, PERSON
-from anylogits.testing.engines import Generated, GenerationEngine, TransformersEngine
-from anylogits.testing.native import Job
-from anylogits.testing.real_model import chat_ids, chat_text
+from anylogits.engines.generation import Generated, GenerationEngine, TransformersEngine
+from anylogits.engines.native import Job
+from anylogits.engines.real_model import chat_ids, chat_text
 from conformance_tests.structured_cases import text_of
 
 pytestmark = pytest.mark.slow
@@ -154,7 +154,7 @@ class Engines:
         self.loaded: dict[str, Any] = {}
 
     def __getitem__(self, name: str) -> GenerationEngine:
-        from anylogits.testing.backends import BACKENDS
+        from anylogits.engines.backends import BACKENDS
 
         if name not in self.loaded:
             folder = self.scratch / name
@@ -200,7 +200,7 @@ def test_the_gguf_and_the_hf_folder_hold_the_same_float32_weights(real_model_dir
     import torch
     from safetensors.torch import load_file
 
-    from anylogits.testing.real_model import F32_FILENAME, _unpermute_qk
+    from anylogits.engines.real_model import F32_FILENAME, _unpermute_qk
 
     weights = load_file(str(real_model_dir / "model.safetensors"))
     reader = gguf.GGUFReader(real_model_dir / F32_FILENAME)
@@ -326,7 +326,7 @@ def test_processors_give_transformers_own_tokens_on_the_real_model(
 def test_a_sampled_chain_gives_transformers_own_tokens(reference: TransformersEngine) -> None:
     """transformers draws from what our chain leaves as from what its own warpers leave:
     with the same seed, the same tokens (other engines draw with their own generators)."""
-    from anylogits.testing.native import CHAIN, chain_processors_in_generate_order
+    from anylogits.engines.native import CHAIN, chain_processors_in_generate_order
 
     prompt_ids = chat_ids(reference.tokenizer, PROMPTS[1])
     native = reference.native(prompt_ids, CHAIN, NEW_TOKENS, seed=3)
@@ -435,8 +435,8 @@ def q4_engine() -> Any:
     """llama.cpp on the original Q4_1 GGUF, with its default settings (f16 KV cache)."""
     import llama_cpp
 
-    from anylogits.testing.engines import LlamaCppEngine
-    from anylogits.testing.real_model import real_model_q4_gguf
+    from anylogits.engines.generation import LlamaCppEngine
+    from anylogits.engines.real_model import real_model_q4_gguf
 
     llm = llama_cpp.Llama(
         model_path=str(real_model_q4_gguf()), n_ctx=512, n_threads=1, seed=0, verbose=False

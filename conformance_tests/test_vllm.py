@@ -42,9 +42,9 @@ from anylogits import (  # noqa: E402
     TopP,
     for_vllm,
 )
-from anylogits.testing.engines import VllmEngine  # noqa: E402
+from anylogits.engines.generation import VllmEngine  # noqa: E402
+from anylogits.engines.vllm_recording import RecordingAnyLogits  # noqa: E402
 from anylogits.testing.probes import GeneratedHashBias, RaiseAfter  # noqa: E402
-from anylogits.testing.vllm_recording import RecordingAnyLogits  # noqa: E402
 from conformance_tests.reference import (  # noqa: E402
     COUNTING,
     SMALL_CHOICES,

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
 
-from anylogits.testing.engines import vllm_environment  # noqa: E402
+from anylogits.engines.generation import vllm_environment  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 

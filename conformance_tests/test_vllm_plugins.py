@@ -20,7 +20,7 @@ pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
 plugin = pytest.importorskip("anylogits_example_plugin")
 
-from anylogits.testing.engines import (  # noqa: E402
+from anylogits.engines.generation import (  # noqa: E402
     NEW_TOKENS,
     TransformersEngine,
     vllm_environment,

@@ -68,7 +68,7 @@ def test_the_guide_runs_on(backend: str, tmp_path: Path) -> None:
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed")
     pytest.importorskip("transformers")  # builds the tiny model
-    from anylogits.testing.engines import vllm_environment
+    from anylogits.engines.generation import vllm_environment
     from anylogits.testing.tiny_model import build_tiny_gguf, build_tiny_model
 
     model_dir = build_tiny_model()

@@ -18,7 +18,7 @@ from benchmarks.bench_processors import BatchScaling, ProcessorVsOracle
 from benchmarks.bench_sequence import SequenceLengthScaling
 from benchmarks.catalogue import ONE_ROW_ORACLES, ORACLES, PROCESSORS
 
-from anylogits.testing.backends import BACKENDS, installed
+from anylogits.engines.backends import BACKENDS, installed
 
 
 def run(benchmark: object, method: str, *params: object) -> float:

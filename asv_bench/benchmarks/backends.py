@@ -1,14 +1,14 @@
 """The backend parameter: every benchmark that drives a backend takes one of these names.
 
 A backend that is not installed raises ``NotImplementedError`` in ``setup``, which asv
-reports as skipped. Adding a backend: add its class to ``anylogits.testing.backends``.
+reports as skipped. Adding a backend: add its class to ``anylogits.engines.backends``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from anylogits.testing.backends import BACKENDS, installed
+from anylogits.engines.backends import BACKENDS, installed
 
 BACKEND_NAMES = list(BACKENDS)
 

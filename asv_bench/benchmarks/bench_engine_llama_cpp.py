@@ -7,7 +7,7 @@ prompt, sampled (not greedy). Models (:data:`common.MODELS`):
 - ``tiny``: the tiny model's GGUF (random weights, the real 128k llama-bpe vocabulary),
   from :data:`PROMPT`;
 - ``real``: SmolLM2-135M-Instruct as users run it in llama.cpp, the original Q4_1 GGUF
-  (:func:`anylogits.testing.real_model.real_model_q4_gguf`, 49,152 tokens; not the
+  (:func:`anylogits.engines.real_model.real_model_q4_gguf`, 49,152 tokens; not the
   float32 copy the conformance suite compares engines with), from
   :data:`common.CHAT_MESSAGE` in its chat template.
 
@@ -18,7 +18,7 @@ draws from our logits. Native: the same job as ``Llama.generate`` parameters. Ru
 both sides are interleaved in one process. ``Llama.generate`` does not stop at the
 end-of-text token: every run makes 64 tokens.
 
-Jobs: ``chain`` (:data:`anylogits.testing.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
+Jobs: ``chain`` (:data:`anylogits.engines.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
 alone against llama.cpp's ``repeat_penalty=1.3``, no truncation on either side).
 llama.cpp penalizes the last 64 tokens (``last_n_tokens_size``), ours the whole history:
 at 64 new tokens after a short prompt that is about the same set.
@@ -29,7 +29,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
-from anylogits.testing.native import ENGINE_JOBS, llama_cpp_parameters
+from anylogits.engines.native import ENGINE_JOBS, llama_cpp_parameters
 
 from . import common
 
@@ -47,7 +47,7 @@ def _load(model: str) -> Any:
 
         path = build_tiny_gguf()
     else:
-        from anylogits.testing.real_model import real_model_q4_gguf
+        from anylogits.engines.real_model import real_model_q4_gguf
 
         path = real_model_q4_gguf()
     return llama_cpp.Llama(

@@ -13,7 +13,7 @@ Ours: ``for_mlx(*processors)`` as ``logits_processors`` and ``make_sampler(temp=
 ``make_logits_processors`` and ``make_sampler`` with the job's parameters. Runs of both
 sides are interleaved in one process, torch on one thread.
 
-Jobs: ``chain`` (:data:`anylogits.testing.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
+Jobs: ``chain`` (:data:`anylogits.engines.native.CHAIN`) and ``repetition`` (RepetitionPenalty 1.3
 alone against ``make_logits_processors(repetition_penalty=1.3)``, both sampled at
 temperature 1.0 without truncation). mlx-lm's penalty looks at the last 20 tokens
 (its default ``repetition_context_size``), ours at the whole history, as the job is
@@ -25,7 +25,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any
 
-from anylogits.testing.native import ENGINE_JOBS, mlx_parameters
+from anylogits.engines.native import ENGINE_JOBS, mlx_parameters
 
 from . import common
 from .backends import require_backend

@@ -8,7 +8,7 @@ samples :data:`NEW_TOKENS` tokens from one prompt (and from a batch of :data:`BA
 copies), EOS switched off so every call makes the same number of tokens. Ours:
 ``for_transformers(*processors)`` with ``do_sample=True`` and transformers' own warpers
 off (``top_k=None, top_p=1.0, temperature=1.0``). Native: ``do_sample=True`` with the
-job's parameters. Jobs: "chain" (:data:`anylogits.testing.native.CHAIN`) and "repetition"
+job's parameters. Jobs: "chain" (:data:`anylogits.engines.native.CHAIN`) and "repetition"
 (``RepetitionPenalty(1.3)`` against ``repetition_penalty=1.3``). Both sides run in the
 same process, interleaved, one torch thread; the best of :data:`ROUNDS` calls counts.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from anylogits.testing.native import ENGINE_JOBS, transformers_parameters
+from anylogits.engines.native import ENGINE_JOBS, transformers_parameters
 
 from . import common
 

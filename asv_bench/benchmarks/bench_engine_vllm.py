@@ -8,9 +8,9 @@ prompts of 16 random token ids; ``real`` (SmolLM2-135M-Instruct, 49,152 tokens),
 user's turn in its chat template for every request (:data:`common.CHAT_MESSAGE`;
 :data:`JSON_MESSAGE` for the ``json`` job). Jobs:
 
-- ``chain``: :func:`anylogits.testing.native.chain_processors` as per-request specs, vLLM
+- ``chain``: :func:`anylogits.engines.native.chain_processors` as per-request specs, vLLM
   sampling at temperature 1.0 with no truncation of its own, vs ``SamplingParams`` with
-  :data:`~anylogits.testing.native.CHAIN`'s parameters;
+  :data:`~anylogits.engines.native.CHAIN`'s parameters;
 - ``repetition``: ``RepetitionPenalty(1.3)`` vs ``repetition_penalty=1.3``;
 - ``json``: our ``JSONSchema`` vs vLLM's ``structured_outputs`` (llguidance, as the
   conformance suite's engine), the same MaskBench schema as ``bench_structured``, both
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from anylogits.testing.native import ENGINE_JOBS, vllm_parameters
+from anylogits.engines.native import ENGINE_JOBS, vllm_parameters
 
 from . import common
 from .backends import require_backend
@@ -65,7 +65,7 @@ def _engine(model_dir: Path, scratch: Path, max_model_len: int) -> Any:
     from vllm import LLM
 
     from anylogits.adapters.vllm import AnyLogits
-    from anylogits.testing.engines import vllm_environment
+    from anylogits.engines.generation import vllm_environment
 
     os.environ.update(
         {

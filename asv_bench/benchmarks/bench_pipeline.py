@@ -1,6 +1,6 @@
 """Issue 17: the sampling chain against its floor, and TopP against transformers.
 
-``PipelineChain``: :func:`anylogits.testing.native.chain_processors` (RepetitionPenalty,
+``PipelineChain``: :func:`anylogits.engines.native.chain_processors` (RepetitionPenalty,
 TopK 50, TopP 0.9, MinP 0.05, Temperature) through a :class:`~anylogits.Pipeline`, over the least
 work any implementation of that job must do, measured in the same run: the repetition
 penalty, one ``torch.topk(x, 50)`` and one write of the survivors into the row. Target:
@@ -16,7 +16,7 @@ import torch
 
 from anylogits import Pipeline, TopP
 from anylogits.core.batch import Batch
-from anylogits.testing.native import chain_processors
+from anylogits.engines.native import chain_processors
 
 from .backends import require_backend
 from .common import VOCAB_SIZES, best_times, history, peaked_logits

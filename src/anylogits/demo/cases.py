@@ -1,6 +1,6 @@
 """The demo's cases: anylogits processors, and the transformers ``generate`` arguments
 that do the same job (the reference, and what each engine's own parameters are
-translated from, see :mod:`anylogits.testing.native`)."""
+translated from, see :mod:`anylogits.engines.native`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from anylogits import (
     Watermark,
     detect_watermark,
 )
-from anylogits.testing.native import CHAIN, Job, chain_processors_in_generate_order
+from anylogits.engines.native import CHAIN, Job, chain_processors_in_generate_order
 
 SEED = 0  # of every sampled run
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from anylogits.demo.cases import SEED, UNPROCESSED, Case, Outcome, demo_cases
-from anylogits.testing.engines import GenerationEngine, TransformersEngine
-from anylogits.testing.native import NoNative
+from anylogits.engines.generation import GenerationEngine, TransformersEngine
+from anylogits.engines.native import NoNative
 
 ROUNDS = 3  # timed runs of each side, after the run that gives the tokens
 

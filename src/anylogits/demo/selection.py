@@ -6,7 +6,7 @@ import platform
 import shutil
 import sys
 
-from anylogits.testing.backends import BACKENDS, installed
+from anylogits.engines.backends import BACKENDS, installed
 
 ENGINES = list(BACKENDS)  # transformers, llama_cpp, mlx, vllm
 REFERENCE = "transformers"

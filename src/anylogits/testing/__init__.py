@@ -1,14 +1,9 @@
-"""What anylogits' own tests, conformance suite, benchmarks and demo are built from.
+"""What anylogits' own tests and conformance suite are built from (the engines they drive:
+:mod:`anylogits.engines`).
 
 * :func:`check_processor` (:mod:`~anylogits.testing.check`): a user's processor through
   the hook-level conformance of every installed backend; public, and
   :mod:`~anylogits.testing.broken` holds processors it must fail.
-* :mod:`~anylogits.testing.backends`: one class per backend (transformers, llama.cpp, MLX,
-  vLLM) that builds its native hook from anylogits processors and calls it the way that
-  backend does, plus the ``BACKENDS`` registry.
-* :mod:`~anylogits.testing.engines`: each backend's generation on the tiny model
-  (greedy, batched, structured) behind the ``GenerationEngine`` protocol; the
-  generation-level suite runs on it (``vllm_recording`` holds vLLM's counting processor).
 * :mod:`~anylogits.testing.catalogue`: a spec of every catalogue processor, and
   :mod:`~anylogits.testing.hostile`: oversized and malformed specs a server must refuse.
 * :mod:`~anylogits.testing.probes`: processors that make tracking and truncation mistakes

@@ -9,7 +9,7 @@ rows, or the order in which calls came.
 
 * the core :class:`~anylogits.Pipeline` on batched rows, in float32, float16 and
   bfloat16;
-* each backend's hook (:mod:`anylogits.testing.backends`), called as that backend calls
+* each backend's hook (:mod:`anylogits.engines.backends`), called as that backend calls
   it, in each dtype the backend passes: equal to the truth, and exactly equal to the
   core pipeline given the same calls.
 
@@ -438,7 +438,7 @@ def check_processor(
     Args:
         processor: the processor to check; it is not run itself (processors bind state),
             only copies of it.
-        backends: names from :data:`anylogits.testing.backends.BACKENDS` to check on
+        backends: names from :data:`anylogits.engines.backends.BACKENDS` to check on
             (each must be installed); ``None``: every installed backend; ``()``: the
             core pipeline only.
         tokenizer: the Hugging Face tokenizer whose vocabulary the processor needs (its
@@ -455,7 +455,7 @@ def check_processor(
         >>> done[0]
         'core: beam fork/reorder, torch.float32'
     """
-    from anylogits.testing.backends import BACKENDS, installed
+    from anylogits.engines.backends import BACKENDS, installed
 
     names = [name for name in BACKENDS if installed(name)] if backends is None else backends
     names = list(names)

@@ -2,7 +2,7 @@
 token ids with anylogits processors.
 
 One class per backend behind :class:`GenerationEngine`, built by the backend classes of
-:mod:`anylogits.testing.backends` (``backend.engine(model_dir, scratch)``). The
+:mod:`anylogits.engines.backends` (``backend.engine(model_dir, scratch)``). The
 generation-level conformance suite drives every engine through this protocol; what is
 specific to one engine (its own APIs, its own failure modes) is reached through the
 engine's attributes by that backend's own tests. Backend libraries are imported when an
@@ -20,7 +20,7 @@ import torch
 
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary
-from anylogits.testing.native import (
+from anylogits.engines.native import (
     Job,
     llama_cpp_parameters,
     mlx_parameters,
@@ -73,7 +73,7 @@ class GenerationEngine(Protocol):
         ...
 
     def native(self, prompt: list[int], job: Job, n: int, seed: int = 0) -> list[int]:
-        """New token ids of ``job`` (:mod:`anylogits.testing.native`) done by the engine's
+        """New token ids of ``job`` (:mod:`anylogits.engines.native`) done by the engine's
         own parameters, greedy, or sampled with ``seed`` when the job samples; raises
         ``NoNative`` when the engine has no parameter for one of its arguments."""
         ...
@@ -438,7 +438,7 @@ class VllmEngine:
         import transformers
         from vllm import LLM
 
-        from anylogits.testing.vllm_recording import RecordingAnyLogits
+        from anylogits.engines.vllm_recording import RecordingAnyLogits
 
         settings = {
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine in this process: a fast start

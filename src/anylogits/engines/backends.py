@@ -3,7 +3,7 @@
 One small class per backend (einops-style): whether it is installed, how to build its
 native hook from anylogits processors, how the backend calls that hook, and its engine
 side (:meth:`engine`: the tiny model loaded in the real engine, see
-:mod:`anylogits.testing.engines`). The conformance suite and the benchmarks both drive
+:mod:`anylogits.engines.generation`). The conformance suite and the benchmarks both drive
 backends through these classes, so a new backend is one class here, one engine class
 there, plus one entry in :data:`BACKENDS`.
 """
@@ -19,7 +19,7 @@ import torch
 from anylogits.core.processor import LogitsProcessor
 
 if TYPE_CHECKING:
-    from anylogits.testing.engines import GenerationEngine
+    from anylogits.engines.generation import GenerationEngine
 
 
 def _vocabulary(tokenizer: Any) -> Any:
@@ -44,7 +44,7 @@ class TransformersBackend:
     def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
         """The tiny model (HF folder ``model_dir``) in transformers' engine;
         ``scratch``: a folder it may write."""
-        from anylogits.testing.engines import TransformersEngine
+        from anylogits.engines.generation import TransformersEngine
 
         return TransformersEngine.load(model_dir)
 
@@ -79,7 +79,7 @@ class LlamaCppBackend:
     def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
         """The tiny model (HF folder ``model_dir``) in llama.cpp's engine;
         ``scratch``: a folder it may write."""
-        from anylogits.testing.engines import LlamaCppEngine
+        from anylogits.engines.generation import LlamaCppEngine
 
         return LlamaCppEngine.load(model_dir)
 
@@ -129,7 +129,7 @@ class MlxBackend:
     def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
         """The tiny model (HF folder ``model_dir``) in mlx-lm's engine;
         ``scratch``: a folder it may write."""
-        from anylogits.testing.engines import MlxEngine
+        from anylogits.engines.generation import MlxEngine
 
         return MlxEngine.load(model_dir)
 
@@ -220,7 +220,7 @@ class VllmBackend:
     def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
         """The tiny model (HF folder ``model_dir``) in vLLM's engine;
         ``scratch``: a folder it may write."""
-        from anylogits.testing.engines import VllmEngine
+        from anylogits.engines.generation import VllmEngine
 
         return VllmEngine.load(model_dir, scratch)
 
