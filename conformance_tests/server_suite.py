@@ -295,7 +295,7 @@ def test_real_model_extracts_the_person_through_the_server(
     (the prompt's ids are transformers'), and the answer parses to the person."""
     transformers = pytest.importorskip("transformers")
     from anylogits import JSONSchema
-    from anylogits.demo.cases import JSON_PROMPT, JSON_TOKENS, PERSON
+    from anylogits.cli.demo.cases import JSON_PROMPT, JSON_TOKENS, PERSON
     from anylogits.engines.real_model import chat_ids
 
     client = client_of(real_server)

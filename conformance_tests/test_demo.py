@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from anylogits.demo.cases import (
+from anylogits.cli.demo.cases import (
     DATE,
     DATE_PROMPT,
     JSON_PROMPT,

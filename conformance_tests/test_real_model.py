@@ -48,7 +48,7 @@ from anylogits import (
     SuppressTokens,
     Watermark,
 )
-from anylogits.demo.cases import JSON_PROMPT, PERSON
+from anylogits.cli.demo.cases import JSON_PROMPT, PERSON
 from anylogits.engines.generation import Generated, GenerationEngine, TransformersEngine
 from anylogits.engines.native import Job
 from anylogits.engines.real_model import chat_ids, chat_text

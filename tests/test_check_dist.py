@@ -16,7 +16,7 @@ PACKAGE_FILES = [f"{PACKAGE}/{name}" for name in REQUIRED_PACKAGE_FILES]
 BAD_MEMBERS = [
     "tests/test_specs.py",
     "conformance_tests/test_vllm.py",
-    "anylogits/__pycache__/cli.cpython-311.pyc",
+    "anylogits/cli/__pycache__/__init__.cpython-311.pyc",
     "anylogits/core/specs.pyc",
     ".hypothesis/examples/x",
     "asv_bench/.asv/results/machine.json",

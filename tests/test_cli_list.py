@@ -15,7 +15,7 @@ from conformance_tests.support_matrix import render_markdown
 from test_plugins import install_distribution
 
 import anylogits
-from anylogits.catalogue_listing import NOT_IN_MATRIX, catalogue_entries
+from anylogits.cli.listing import NOT_IN_MATRIX, catalogue_entries
 from anylogits.core.registry import registered_processors
 from anylogits.core.specs import constructor_parameters
 from anylogits.support import packaged_support_matrix

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from anylogits.demo.cases import STOP, demo_cases
-from anylogits.demo.progress import step
+from anylogits.cli.demo.cases import STOP, demo_cases
+from anylogits.cli.demo.progress import step
 
 
 class Terminal(io.StringIO):

@@ -13,7 +13,7 @@ import pytest
 from conformance_tests.servers import BAD_PAYLOADS
 
 from anylogits.adapters.vllm_requests import validate_request
-from anylogits.spec_check import SpecCheck, check_request
+from anylogits.cli.check_spec import SpecCheck, check_request
 from anylogits.testing.catalogue import PROCESSOR_SPECS
 from anylogits.testing.hostile import OVERSIZED, REQUEST_LEVEL
 

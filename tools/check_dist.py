@@ -38,7 +38,7 @@ FORBIDDEN_NAMES = frozenset({".coverage", "coverage.xml"})
 # Files of the package an installed copy needs (paths inside the package's folder).
 REQUIRED_PACKAGE_FILES = (
     "__init__.py",
-    "cli.py",
+    "cli/__init__.py",
     "py.typed",
     "support_matrix.json",
     "testing/__init__.py",

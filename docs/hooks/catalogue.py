@@ -53,7 +53,7 @@ def builtin_processors() -> dict[str, type[LogitsProcessor]]:
 def first_paragraph(cls: type[LogitsProcessor]) -> str:
     """The docstring's first paragraph on one line (as ``anylogits list`` shows it), reST
     roles as code."""
-    from anylogits.catalogue_listing import docstring_summary
+    from anylogits.cli.listing import docstring_summary
 
     return ROLE.sub(lambda match: f"`{match[1]}`", docstring_summary(cls))
 

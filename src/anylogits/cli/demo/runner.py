@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from anylogits.demo.cases import STRUCTURED_INSTALL, Case, structured_available
-from anylogits.demo.measure import ROUNDS, Cell, Reference, measure, references
-from anylogits.demo.progress import step
-from anylogits.demo.selection import REFERENCE, DemoError, choose
-from anylogits.demo.table import render
+from anylogits.cli.demo.cases import STRUCTURED_INSTALL, Case, structured_available
+from anylogits.cli.demo.measure import ROUNDS, Cell, Reference, measure, references
+from anylogits.cli.demo.progress import step
+from anylogits.cli.demo.selection import REFERENCE, DemoError, choose
+from anylogits.cli.demo.table import render
 from anylogits.engines.backends import BACKENDS
 from anylogits.engines.generation import GenerationEngine, TransformersEngine
 

@@ -112,20 +112,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return tiny_model_main(rest, prog="anylogits tiny-model")
     if args.command == "serve":
-        from anylogits.serve import serve
+        from anylogits.cli.serve import serve
 
         return serve(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "list":
-        from anylogits.catalogue_listing import run_list
+        from anylogits.cli.listing import run_list
 
         return run_list(backend=args.backend, as_json=args.json)
     if args.command == "check-spec":
-        from anylogits.spec_check import run_check_spec
+        from anylogits.cli.check_spec import run_check_spec
 
         return run_check_spec(args.file)
-    from anylogits.demo import run_demo
+    from anylogits.cli.demo import run_demo
 
     return run_demo(
         backend=args.backend,

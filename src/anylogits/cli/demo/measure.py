@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from anylogits.demo.cases import SEED, UNPROCESSED, Case, Outcome, demo_cases
+from anylogits.cli.demo.cases import SEED, UNPROCESSED, Case, Outcome, demo_cases
 from anylogits.engines.generation import GenerationEngine, TransformersEngine
 from anylogits.engines.native import NoNative
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from anylogits.demo.cases import Case
-from anylogits.demo.measure import DIFFERS, Cell, Reference
-from anylogits.demo.selection import SERVE_COMMANDS, install_command
+from anylogits.cli.demo.cases import Case
+from anylogits.cli.demo.measure import DIFFERS, Cell, Reference
+from anylogits.cli.demo.selection import SERVE_COMMANDS, install_command
 
 ERROR = "ERROR"
 AGREE = "all engines agree with transformers"

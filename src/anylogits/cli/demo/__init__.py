@@ -12,6 +12,6 @@ engines, and how to install a missing one), ``progress`` (the long steps on stde
 but the command line.
 """
 
-from anylogits.demo.runner import run_demo
+from anylogits.cli.demo.runner import run_demo
 
 __all__ = ["run_demo"]
