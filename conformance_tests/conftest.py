@@ -1,7 +1,8 @@
 """The conformance suite is parametrized by a `backend` fixture whose ids are backend
-names. Choose backends with `--backends a,b` or ANYLOGITS_BACKENDS; a backend that is not
-installed is skipped, a known gap is an explicit xfail with its reason. A test asking for
-`engine` gets the tiny model in the backend's real engine, loaded once per session."""
+names (``anylogits.testing.pytest_plugin``, which users' suites can use too). Choose
+backends with `--backends a,b` or ANYLOGITS_BACKENDS; a backend that is not installed is
+skipped, a known gap is an explicit xfail with its reason. A test asking for `engine` gets
+the tiny model in the backend's real engine, loaded once per session."""
 
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ from typing import Any
 
 import pytest
 
-from anylogits.engines.backends import BACKENDS, installed
+from anylogits.engines.backends import BACKENDS
 from anylogits.engines.generation import GenerationEngine, TransformersEngine
+from anylogits.testing.pytest_plugin import (  # noqa: F401  (the plugin's hooks)
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_generate_tests,
+    selected_backends,
+)
 from conformance_tests.servers import client, server, server_backend, servers  # noqa: F401
 from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
 
@@ -21,7 +28,7 @@ from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
 def pytest_configure(config: pytest.Config) -> None:
     directory = os.environ.get(DIRECTORY_VARIABLE)
     if directory:
-        recorder = SupportRecorder(Path(directory), _selected(config))
+        recorder = SupportRecorder(Path(directory), selected_backends(config))
         config.pluginmanager.register(recorder, "support-matrix")
 
 
@@ -30,44 +37,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     real_model = sys.modules.get("conformance_tests.test_real_model")
     if real_model is not None and real_model.COMPARISONS:
         terminalreporter.write_line(real_model.tie_summary())
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--backends",
-        default=os.environ.get("ANYLOGITS_BACKENDS", "all"),
-        help="comma-separated backends to run conformance on (default: every installed one)",
-    )
-
-
-def _selected(config: pytest.Config) -> list[str]:
-    value = config.getoption("--backends")
-    names = list(BACKENDS) if value == "all" else [n.strip() for n in value.split(",") if n]
-    unknown = sorted(set(names) - set(BACKENDS))
-    if unknown:
-        raise pytest.UsageError(
-            f"--backends names unknown backend(s) {unknown}; known: {list(BACKENDS)}"
-        )
-    return names
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend" not in metafunc.fixturenames:
-        return
-    params = []
-    for name in _selected(metafunc.config):
-        marks = [] if installed(name) else [pytest.mark.skip(reason=f"{name} is not installed")]
-        params.append(pytest.param(BACKENDS[name], id=name, marks=marks))
-    metafunc.parametrize("backend", params)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    selected = set(_selected(config))
-    for item in items:
-        marker = item.get_closest_marker("only_backend")
-        if marker is not None and not selected & set(marker.args):
-            names = " or ".join(marker.args)
-            item.add_marker(pytest.mark.skip(reason=f"{names} is not selected"))
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ import pytest
 
 from anylogits.engines.backends import installed
 from anylogits.engines.generation import vllm_environment
+from anylogits.testing.pytest_plugin import selected_backends
 
 MODEL_NAME = "tiny"  # vLLM's served model name
 # What a request names as its model: mlx-lm's server calls the one given with --model this.
@@ -264,9 +265,7 @@ def server_backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def server(server_backend: str, servers: Servers, request: pytest.FixtureRequest) -> Server:
-    from conformance_tests.conftest import _selected
-
-    if server_backend not in _selected(request.config):
+    if server_backend not in selected_backends(request.config):
         pytest.skip(f"{server_backend} is not selected")
     if not installed(server_backend):
         pytest.skip(f"{server_backend} is not installed")

@@ -10,6 +10,8 @@
   visible (``GeneratedHashBias``, ``ReverseRanks``, ...).
 * :mod:`~anylogits.testing.oracles`: the backends' own sampling code, callable on plain
   arrays, to compare the catalogue with.
+* :mod:`~anylogits.testing.pytest_plugin`: ``--backends`` and a ``backend`` fixture for
+  any test suite that runs on every engine; public.
 * :mod:`~anylogits.testing.tiny_model`: a deterministic tiny random-weight Llama with a real
   vocabulary, cached as a Hugging Face folder and a GGUF file.
 * :mod:`~anylogits.testing.pins`: versions of outside packages the tooling pins.
