@@ -24,7 +24,7 @@ from anylogits import (
     to_specs,
     vllm_xargs,
 )
-from anylogits.adapters.vllm_requests import VllmRequests, request_specs
+from anylogits.adapters.vllm_requests import PrefetchedVocabulary, VllmRequests, request_specs
 from anylogits.core.slots import GROUP_CACHE
 from anylogits.testing.probes import GeneratedHashBias
 
@@ -213,9 +213,7 @@ def test_prefetched_vocabulary_is_built_once_in_the_background() -> None:
         built.append(threading.current_thread().name)
         return VOCAB
 
-    requests = VllmRequests(source)
-    requests.prefetch_vocabulary()
-    requests.prefetch_vocabulary()
+    requests = VllmRequests(PrefetchedVocabulary(source))
     assert requests.vocab is VOCAB and requests.vocab is VOCAB
     assert built == ["anylogits-vocabulary"]
 
@@ -224,8 +222,7 @@ def test_a_failed_prefetch_raises_where_the_vocabulary_is_used() -> None:
     def source() -> Vocabulary:
         raise OSError("no tokenizer")
 
-    requests = VllmRequests(source)
-    requests.prefetch_vocabulary()
+    requests = VllmRequests(PrefetchedVocabulary(source))
     with pytest.raises(OSError, match="no tokenizer"):
         _ = requests.vocab
 

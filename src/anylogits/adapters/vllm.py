@@ -38,6 +38,7 @@ from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from anylogits.adapters.vllm_requests import (
     SPEC_FIELD,
     SPEC_KEY,
+    PrefetchedVocabulary,
     VllmRequests,
     processor_specs,
     request_specs,
@@ -89,7 +90,7 @@ def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     """The engine's vocabulary, with what the first structured request would otherwise
     build inside an engine step (llguidance's tokenizer: ~1-2 s at 128k tokens; the
     grammar checking process: ~60 ms) built too; runs in the background thread of
-    :meth:`SlotBatch.prefetch_vocabulary`."""
+    :class:`~anylogits.adapters.vllm_requests.PrefetchedVocabulary`."""
     vocab = engine_vocabulary(vllm_config)
     if vocab is not None and _STRUCTURED_AVAILABLE:
         from anylogits.processors._grammar_engine import ENGINE
@@ -112,9 +113,7 @@ def _start_engine(vllm_config: VllmConfig) -> VllmRequests:
     limits()
     load_plugins()
     _ENGINES_HERE += 1
-    requests = VllmRequests(lambda: _prepared_vocabulary(vllm_config))
-    requests.prefetch_vocabulary()
-    return requests
+    return VllmRequests(PrefetchedVocabulary(lambda: _prepared_vocabulary(vllm_config)))
 
 
 def _validate(sampling_params: SamplingParams) -> None:

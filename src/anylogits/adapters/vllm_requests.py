@@ -11,14 +11,17 @@ being sampled asynchronously). :class:`VllmRequests` reads both into the neutral
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from anylogits.adapters.transformers_processors import SPEC_NAME as LIVE_OBJECT_SPEC
 from anylogits.core.pipeline import flatten
 from anylogits.core.slots import SlotBatch
 from anylogits.core.specs import parse_specs, to_specs
+from anylogits.core.vocab import Vocabulary
 
 SPEC_KEY = "anylogits"
 """The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
@@ -91,6 +94,36 @@ def vllm_xargs(*processors: Any) -> dict[str, str]:
     text = json.dumps(processor_specs(*processors), separators=(",", ":"))
     request_specs({SPEC_KEY: text})
     return {SPEC_KEY: text}
+
+
+class PrefetchedVocabulary:
+    """The engine's vocabulary, built in a background thread from engine start, so that
+    the first request with processors does not hold the engine while the tokenizer is
+    loaded and read (~1-4 s at 128k tokens). Calling it waits for that build; a failed
+    build raises there, and the next call builds again.
+
+    Args:
+        build: builds the vocabulary (``None`` when the engine has no tokenizer).
+    """
+
+    def __init__(self, build: Callable[[], Vocabulary | None]) -> None:
+        self._build = build
+        self._future: concurrent.futures.Future[Vocabulary | None] | None = (
+            concurrent.futures.Future()
+        )
+        threading.Thread(target=self._run, name="anylogits-vocabulary", daemon=True).start()
+
+    def _run(self) -> None:
+        future = self._future
+        assert future is not None
+        try:
+            future.set_result(self._build())
+        except Exception as error:
+            future.set_exception(error)
+
+    def __call__(self) -> Vocabulary | None:
+        future, self._future = self._future, None
+        return future.result() if future is not None else self._build()
 
 
 class LiveOutputList:

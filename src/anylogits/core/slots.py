@@ -13,10 +13,8 @@ an :class:`OutputFeed` or a :data:`CommittedReader`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -162,7 +160,6 @@ class SlotBatch:
             self._vocab = vocab
         else:
             self._build_vocab = vocab
-        self._prefetch: concurrent.futures.Future[Vocabulary | None] | None = None
         # A server meets endless distinct specs: pipelines no running request uses are
         # dropped, least recently used first (requests still running keep theirs).
         self._groups: LeastRecentlyUsed[str, _Group] = LeastRecentlyUsed(GROUP_CACHE)
@@ -178,29 +175,10 @@ class SlotBatch:
     @property
     def vocab(self) -> Vocabulary | None:
         if self._build_vocab is not None:
-            prefetch, self._prefetch = self._prefetch, None
             # A failed build raises here (and is tried again next time).
-            self._vocab = prefetch.result() if prefetch is not None else self._build_vocab()
+            self._vocab = self._build_vocab()
             self._build_vocab = None
         return self._vocab
-
-    def prefetch_vocabulary(self) -> None:
-        """Start building the vocabulary in a background thread, so that the first request
-        with processors does not hold the engine while the tokenizer is loaded and read
-        (~1-4 s for 128k tokens)."""
-        build_vocab = self._build_vocab
-        if build_vocab is None or self._prefetch is not None:
-            return
-        future: concurrent.futures.Future[Vocabulary | None] = concurrent.futures.Future()
-
-        def build() -> None:
-            try:
-                future.set_result(build_vocab())
-            except Exception as error:
-                future.set_exception(error)
-
-        threading.Thread(target=build, name="anylogits-vocabulary", daemon=True).start()
-        self._prefetch = future
 
     def put(
         self,
