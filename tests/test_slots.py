@@ -28,7 +28,7 @@ def test_specs_in_any_spelling_and_tokens_from_an_output_feed() -> None:
     slots = SlotBatch(VOCAB)
     feed = PushedTokens()
     penalty = [RepetitionPenalty(2.0)]
-    assert slots.put(3, to_specs(penalty)[0], prompt_ids=[1, 2], output=feed)
+    assert slots.put(3, to_specs(penalty), prompt_ids=[1, 2], output=feed)
     assert not slots.put(0, [], prompt_ids=[1])
     assert not slots.put(1, None, prompt_ids=[1])
     oracle = Pipeline(penalty)
@@ -64,11 +64,11 @@ def test_committed_tokens_read_from_the_engine_per_call() -> None:
     assert reads == [([2], [0])]
 
 
-def test_a_bad_spec_ends_its_request_and_names_the_field(
+def test_a_failed_request_ends_and_its_failure_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     slots = SlotBatch(VOCAB)
-    assert slots.put(0, '[{"type": "top_k"}]', where="request.specs", prompt_ids=[1])
+    assert slots.put(0, None, failure="request.specs[0]: top_k is missing", prompt_ids=[1])
     assert "request.specs[0]" in caplog.text
     expected = torch.full((8,), float("-inf"))
     expected[7] = 0.0

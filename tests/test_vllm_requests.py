@@ -125,6 +125,7 @@ def test_specs_that_fail_here_end_the_sequence_and_log(caplog: pytest.LogCapture
         assert requests.add(0, args(LogitBias({100: 1.0})), prompt_ids=[1], output_ids=[])
         assert requests.add(1, {"anylogits": 3}, prompt_ids=[1], output_ids=[])
     assert "100" in caplog.text and "must be a list" in caplog.text
+    assert "extra_args['anylogits'] must be a list" in caplog.text  # the field, named
     out = requests.process(torch.zeros(2, 8))
     expected = torch.full((8,), float("-inf"))
     expected[7] = 0.0

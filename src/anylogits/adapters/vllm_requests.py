@@ -183,10 +183,16 @@ class VllmRequests(SlotBatch):
             prompt_length: the prompt length when ``prompt_ids`` is ``None``.
             output_ids: the V1 runner's *live* list of generated ids.
         """
+        raw = (extra_args or {}).get(SPEC_KEY)
+        specs, failure = None, None
+        try:
+            specs = parse_specs(raw, SPEC_FIELD) if raw is not None else None
+        except ValueError as error:  # normally refused where vLLM validates requests
+            failure = str(error)
         return self.put(
             slot,
-            (extra_args or {}).get(SPEC_KEY),
-            where=SPEC_FIELD,
+            specs,
+            failure=failure,
             prompt_ids=prompt_ids,
             prompt_length=prompt_length,
             output=LiveOutputList(output_ids) if output_ids is not None else None,

@@ -23,7 +23,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.cache import LeastRecentlyUsed
 from anylogits.core.pipeline import Pipeline
-from anylogits.core.specs import from_spec, parse_specs
+from anylogits.core.specs import from_spec
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.core.vocab import Vocabulary
 
@@ -183,9 +183,9 @@ class SlotBatch:
     def put(
         self,
         slot: int,
-        specs: Any,
+        specs: Sequence[dict[str, Any]] | None,
         *,
-        where: str = "specs",
+        failure: str | None = None,
         prompt_ids: Sequence[int] | None = None,
         prompt_length: int | None = None,
         output: OutputFeed | None = None,
@@ -194,32 +194,28 @@ class SlotBatch:
 
         Args:
             slot: the engine's row index for the request.
-            specs: the request's processor specs as the client sent them (a list of spec
-                dicts, one spec dict, or their JSON text; see
-                :func:`~anylogits.core.specs.parse_specs`); ``None`` or an empty list: the
-                slot has no processors.
-            where: how the engine names the specs, for error messages.
+            specs: the request's checked processor specs (the adapter reads them from the
+                engine's request, see :func:`~anylogits.core.specs.parse_specs`); ``None``
+                or empty: the slot has no processors.
+            failure: why the request's specs could not be read: its rows end the
+                sequence and the reason is logged (the request is already scheduled, and
+                passing its logits through would hide the failure).
             prompt_ids: the prompt; ``None`` when the engine supplies committed tokens at
                 each call instead (see :meth:`process`).
             prompt_length: the prompt length when ``prompt_ids`` is ``None``.
             output: where the request's generated tokens come from; ``None`` when
                 committed tokens are read per call.
 
-        Returns whether the request has processors. Specs that fail here (normally
-        caught earlier, where the engine validates requests) make the request's rows end
-        the sequence and log the error: the request is already scheduled, and passing its
-        logits through would hide the failure.
+        Returns whether the request has processors (a failed one counts: it ends).
         """
         self._layout = None
-        try:
-            parsed = parse_specs(specs, where) if specs is not None else []
-        except ValueError as error:
-            group = self._failed_group(str(error))
+        if failure is not None:
+            group = self._failed_group(failure)
+        elif not specs:
+            self._slots.pop(slot, None)
+            return False
         else:
-            if not parsed:
-                self._slots.pop(slot, None)
-                return False
-            group = self._group(parsed)
+            group = self._group(list(specs))
         length = len(prompt_ids) if prompt_ids is not None else prompt_length
         if length is None:
             raise ValueError("pass prompt_ids or prompt_length")
