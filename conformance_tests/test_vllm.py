@@ -112,7 +112,7 @@ def test_mixed_batch_rows_equal_each_request_run_alone(
     # slots, and once none wait vLLM condenses its persistent batch by moving the two
     # long rows (slots 2 and 3) down while they still have tokens to go. The stateful
     # probe in slot 3 changes every step's boost, so a mishandled move shows (checked:
-    # a no-op SlotBatch.move makes this test fail).
+    # a no-op PersistentBatch.move makes this test fail).
     requests: list[tuple[list[int], Callable[[], list[LogitsProcessor]], int, dict]] = [
         (prompt, lambda: [], 3, {}),
         (cat, lambda: [RepetitionPenalty(1.3)], 6, {}),

@@ -1,8 +1,9 @@
 """No host reads in the hot path of stateless processors (issue 17).
 
 Every catalogue processor runs ``process(logits, batch)`` on rows as an engine hands them
-(a :class:`Batch` built as :class:`~anylogits.core.slots.SlotBatch` builds it: history
-and lengths on demand, prompt lengths and states from each request's committed tokens)
+(a :class:`Batch` built as
+:class:`~anylogits.core.persistent_batch.PersistentBatch` builds it: history and lengths
+on demand, prompt lengths and states from each request's committed tokens)
 under :func:`forbid_host_sync`, while a ``TorchFunctionMode`` counts every operation that
 reads a tensor's value on the host (``.item()``, ``.tolist()``, ``bool(t)``, ``nonzero``,
 boolean-mask indexing, ``torch.unique``, ...). On a GPU each one stalls the stream.
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 from anylogits import LogitsProcessor, Pipeline, StatefulLogitsProcessor, Vocabulary, from_spec
 from anylogits.core.batch import Batch
-from anylogits.core.slots import SlotBatch
+from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.sync import forbid_host_sync
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.processors import watermark as watermark_module
@@ -128,7 +129,7 @@ def _is_stateful(spec: dict[str, Any]) -> bool:
 
 
 class EngineRows:
-    """Requests in slots, their Batch built per call as SlotBatch builds it."""
+    """Requests in slots, their Batch built per call as PersistentBatch builds it."""
 
     def __init__(self, pipeline: Pipeline, prompts: Sequence[list[int]]) -> None:
         self.pipeline = pipeline
@@ -327,7 +328,7 @@ def test_host_reads_in_stacked_rows(name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# SlotBatch's per-step path (vLLM's), around the processors
+# PersistentBatch's per-step path (vLLM's), around the processors
 # ---------------------------------------------------------------------------------------
 
 # Rows 0-2 run the same kinds with different parameters: one stacked call (pipelines that
@@ -349,16 +350,16 @@ SLOT_SPECS.append(
     ]
 )
 
-# SlotBatch advances the states of the row that tracks its sequence over the tokens the
+# PersistentBatch advances the states of the row that tracks its sequence over the tokens the
 # engine committed since the last step: a read of the request's token buffer, host memory
 # filled from the engine's lists, never the device.
 SLOT_BATCH_READS = (STEPS, "tolist of the tokens committed to the tracking row, 1 per step")
 
 
 def count_slot_batch_reads(steps: int = STEPS) -> collections.Counter[str]:
-    """Host reads of ``SlotBatch.process`` over a run of ``steps`` calls, each under
+    """Host reads of ``PersistentBatch.process`` over a run of ``steps`` calls, each under
     :func:`forbid_host_sync`, committed tokens read from the engine per call."""
-    slots = SlotBatch(VOCAB)
+    slots = PersistentBatch(VOCAB)
     held = {slot: list(PROMPTS[slot % len(PROMPTS)]) for slot in range(len(SLOT_SPECS))}
     for slot, specs in enumerate(SLOT_SPECS):
         slots.put(slot, specs, prompt_length=len(held[slot]))
@@ -382,7 +383,7 @@ def test_host_reads_in_a_slot_batch_step() -> None:
     kinds = count_slot_batch_reads()
     expected, reason = SLOT_BATCH_READS
     assert sum(kinds.values()) == expected, (
-        f"SlotBatch.process read the host {sum(kinds.values())} time(s) ({dict(kinds)}); "
+        f"PersistentBatch.process read the host {sum(kinds.values())} time(s) ({dict(kinds)}); "
         f"SLOT_BATCH_READS says {expected} ({reason})"
     )
 
@@ -511,4 +512,4 @@ def test_dry_ranks_blocks_as_torch_unique_does(values: list[int], rows: int) -> 
 if __name__ == "__main__":
     for line in host_read_table():
         print(" | ".join(map(str, line)))
-    print("SlotBatch.process | SlotBatch |", dict(count_slot_batch_reads()))
+    print("PersistentBatch.process | PersistentBatch |", dict(count_slot_batch_reads()))

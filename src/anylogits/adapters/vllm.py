@@ -21,7 +21,7 @@ OpenAI-compatible server, ``extra_body={"vllm_xargs": anylogits.vllm_xargs(...)}
 
 The wire format (``extra_args``, ``vllm_xargs``, live output lists) is in
 :mod:`anylogits.adapters.vllm_requests`, the processing in the neutral
-:class:`anylogits.core.slots.SlotBatch`.
+:class:`anylogits.core.persistent_batch.PersistentBatch`.
 """
 
 from __future__ import annotations

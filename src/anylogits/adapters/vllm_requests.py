@@ -6,7 +6,7 @@ carries only flat values, so there the specs travel as one JSON string). The V1 
 runner hands each request's *live* list of generated ids to the processor; it may shrink
 (tokens discarded after a KV-load failure) or end in ``-1`` placeholders (tokens still
 being sampled asynchronously). :class:`VllmRequests` reads both into the neutral
-:class:`~anylogits.core.slots.SlotBatch`.
+:class:`~anylogits.core.persistent_batch.PersistentBatch`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from anylogits.adapters.transformers_processors import SPEC_NAME as LIVE_OBJECT_SPEC
+from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.pipeline import flatten
-from anylogits.core.slots import SlotBatch
 from anylogits.core.specs import parse_specs, to_specs
 from anylogits.core.vocab import Vocabulary
 
@@ -147,7 +147,7 @@ class LiveOutputList:
         return restart, new
 
 
-class VllmRequests(SlotBatch):
+class VllmRequests(PersistentBatch):
     """The requests of one vLLM engine by slot, added as vLLM's model runners add them.
 
     Example:
@@ -172,7 +172,7 @@ class VllmRequests(SlotBatch):
         prompt_length: int | None = None,
         output_ids: Sequence[int] | None = None,
     ) -> bool:
-        """Put a request in ``slot``; see :meth:`SlotBatch.put`.
+        """Put a request in ``slot``; see :meth:`PersistentBatch.put`.
 
         Args:
             slot: the runner's row index for the request.

@@ -1,4 +1,4 @@
-"""SlotBatch: the neutral slot-indexed request batch, fed by any engine (torch only)."""
+"""PersistentBatch: the neutral slot-indexed request batch, fed by any engine (torch only)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from anylogits import LogitBias, Pipeline, RepetitionPenalty, Vocabulary, to_specs
-from anylogits.core.slots import SlotBatch
+from anylogits.core.persistent_batch import PersistentBatch
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))
 
@@ -25,7 +25,7 @@ class PushedTokens:
 
 
 def test_specs_in_any_spelling_and_tokens_from_an_output_feed() -> None:
-    slots = SlotBatch(VOCAB)
+    slots = PersistentBatch(VOCAB)
     feed = PushedTokens()
     penalty = [RepetitionPenalty(2.0)]
     assert slots.put(3, to_specs(penalty), prompt_ids=[1, 2], output=feed)
@@ -46,7 +46,7 @@ def test_specs_in_any_spelling_and_tokens_from_an_output_feed() -> None:
 
 
 def test_committed_tokens_read_from_the_engine_per_call() -> None:
-    slots = SlotBatch(VOCAB)
+    slots = PersistentBatch(VOCAB)
     held = {2: [1, 2, 6]}  # what the engine holds per slot: prompt + committed output
     reads: list[tuple[list[int], list[int]]] = []
 
@@ -67,7 +67,7 @@ def test_committed_tokens_read_from_the_engine_per_call() -> None:
 def test_a_failed_request_ends_and_its_failure_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    slots = SlotBatch(VOCAB)
+    slots = PersistentBatch(VOCAB)
     assert slots.put(0, None, failure="request.specs[0]: top_k is missing", prompt_ids=[1])
     assert "request.specs[0]" in caplog.text
     expected = torch.full((8,), float("-inf"))

@@ -3,135 +3,41 @@
 An engine of this kind puts every request in a slot, gives each its own processor specs,
 and says when requests arrive, leave or move between slots. Rows therefore have
 identities, and no token-prefix hashing is needed: each request keeps its own token
-buffer and its committed processor states, extended as tokens arrive.
+buffer and its committed processor states (:mod:`~anylogits.core.slot_requests`),
+extended as tokens arrive.
 
 Rows whose requests share the same specs form one group and are processed by one
-pipeline call; rows without specs are never touched. How an engine spells specs and
-hands over generated tokens is its adapter's business: it passes the specs' raw value and
-an :class:`OutputFeed` or a :data:`CommittedReader`.
+pipeline call (:mod:`~anylogits.core.row_groups`); rows without specs are never touched.
+How an engine spells specs and hands over generated tokens is its adapter's business: it
+passes the checked specs and an :class:`OutputFeed` or a :data:`CommittedReader`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.cache import LeastRecentlyUsed
-from anylogits.core.pipeline import Pipeline
-from anylogits.core.specs import from_spec
-from anylogits.core.tracker import SequenceNode, child_node, root_node
+from anylogits.core.row_groups import GROUP_CACHE, PipelineGroups, RowGroup, brief
+from anylogits.core.slot_requests import (
+    CommittedReader,
+    OutputFeed,
+    SlotRequest,
+    draft_node,
+    history_of,
+    read_committed,
+)
 from anylogits.core.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
 
-# Pipelines kept for specs (and stacked mixes of them) that no running request uses.
-GROUP_CACHE = 1024
-
-# Reads committed tokens the engine holds: (slots, start offsets) -> tokens from each
-# start to the end of the committed sequence, one list per slot.
-CommittedReader = Callable[[list[int], list[int]], list[list[int]]]
+__all__ = ["GROUP_CACHE", "CommittedReader", "OutputFeed", "PersistentBatch"]
 
 
-class OutputFeed(Protocol):
-    """Where a request's generated tokens come from, when the engine pushes them."""
-
-    def read(self) -> tuple[bool, list[int]]:
-        """``(restart, tokens)``: the tokens generated since the last read; with
-        ``restart`` the engine dropped outputs, and ``tokens`` follow the prompt."""
-        ...
-
-
-def _brief(key: str, size: int = 300) -> str:
-    """A spec key short enough for a log line (a request's specs may be 128 KB)."""
-    return key if len(key) <= size else f"{key[:size]}... ({len(key)} characters)"
-
-
-class _Group:
-    """The pipeline shared by every request with the same specs."""
-
-    __slots__ = ("error", "key", "pipeline")
-
-    def __init__(self, key: str, pipeline: Pipeline | None, error: str | None) -> None:
-        self.key = key
-        self.pipeline = pipeline
-        self.error = error
-
-
-class _Request:
-    """One request: its token buffer (prompt + committed output) and committed states."""
-
-    __slots__ = ("group", "length", "node", "output", "prompt_length", "tokens")
-
-    def __init__(
-        self,
-        group: _Group,
-        prompt_ids: Sequence[int] | None,
-        prompt_length: int,
-        output: OutputFeed | None,
-    ) -> None:
-        self.group = group
-        self.prompt_length = prompt_length
-        self.tokens = torch.empty(max(64, 2 * prompt_length), dtype=torch.int64)
-        self.length = 0
-        if prompt_ids is not None:
-            self.append(list(prompt_ids))
-        self.output = output
-        self.node: SequenceNode | None = None
-
-    def append(self, token_ids: list[int]) -> None:
-        end = self.length + len(token_ids)
-        if end > self.tokens.shape[0]:
-            grown = torch.empty(max(2 * self.tokens.shape[0], end), dtype=torch.int64)
-            grown[: self.length] = self.tokens[: self.length]
-            self.tokens = grown
-        self.tokens[self.length : end] = torch.tensor(token_ids, dtype=torch.int64)
-        self.length = end
-
-    def read_output(self) -> None:
-        """Take in the tokens the engine generated since the last read."""
-        if self.output is None:
-            return
-        restart, tokens = self.output.read()
-        if restart:
-            self.length = self.prompt_length
-            self.node = None
-        if tokens:
-            self.append(tokens)
-
-    def committed_node(self) -> SequenceNode:
-        """The processor states after every committed token."""
-        assert self.group.pipeline is not None
-        processors = self.group.pipeline.stateful
-        node = self.node
-        if node is None:
-            node = root_node(processors, self.tokens[: self.prompt_length])
-        for token_id in self.tokens[node.length : self.length].tolist():
-            node = child_node(processors, node, token_id)
-        self.node = node
-        return node
-
-
-class _RowGroup:
-    """The rows of one call that share a pipeline."""
-
-    __slots__ = ("drafts", "group", "index", "requests", "rows", "slots", "span")
-
-    def __init__(self, group: _Group) -> None:
-        self.group = group
-        self.rows: list[int] = []
-        self.slots: list[int] = []
-        self.requests: list[_Request] = []
-        self.drafts: list[list[int]] = []
-        self.index: torch.Tensor | None = None
-        self.span: tuple[int, int] | None = None
-
-
-class SlotBatch:
+class PersistentBatch:
     """Slot-indexed per-request pipelines, applied group by group to a ``(B, V)`` batch.
 
     Args:
@@ -143,7 +49,7 @@ class SlotBatch:
     Example:
         >>> import torch
         >>> from anylogits import LogitBias, to_specs
-        >>> requests = SlotBatch()
+        >>> requests = PersistentBatch()
         >>> requests.put(1, to_specs([LogitBias({2: -5.0})]), prompt_ids=[0, 1])
         True
         >>> requests.process(torch.zeros(3, 4))
@@ -160,11 +66,9 @@ class SlotBatch:
             self._vocab = vocab
         else:
             self._build_vocab = vocab
-        # A server meets endless distinct specs: pipelines no running request uses are
-        # dropped, least recently used first (requests still running keep theirs).
-        self._groups: LeastRecentlyUsed[str, _Group] = LeastRecentlyUsed(GROUP_CACHE)
-        self._slots: dict[int, _Request] = {}
-        self._layout: tuple[int, list[_RowGroup]] | None = None
+        self._groups = PipelineGroups(lambda: self.vocab)
+        self._slots: dict[int, SlotRequest] = {}
+        self._layout: tuple[int, list[RowGroup]] | None = None
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -210,16 +114,16 @@ class SlotBatch:
         """
         self._layout = None
         if failure is not None:
-            group = self._failed_group(failure)
+            group = self._groups.failed(failure)
         elif not specs:
             self._slots.pop(slot, None)
             return False
         else:
-            group = self._group(list(specs))
+            group = self._groups.group(list(specs))
         length = len(prompt_ids) if prompt_ids is not None else prompt_length
         if length is None:
             raise ValueError("pass prompt_ids or prompt_length")
-        self._slots[slot] = _Request(group, prompt_ids, length, output)
+        self._slots[slot] = SlotRequest(group, prompt_ids, length, output)
         return True
 
     def remove(self, slot: int) -> None:
@@ -274,7 +178,7 @@ class SlotBatch:
                 self._fail(logits, row_group, error)
         return logits
 
-    def _fail(self, logits: torch.Tensor, row_group: _RowGroup, error: Exception) -> None:
+    def _fail(self, logits: torch.Tensor, row_group: RowGroup, error: Exception) -> None:
         """End the requests of a group whose processors raised, and log why.
 
         Their rows allow only EOS from now on (this step included); every other row is
@@ -282,8 +186,8 @@ class SlotBatch:
         different parameters) end together: the call cannot say which row failed.
         """
         self._layout = None
-        failed = self._failed_group(
-            f"processors {_brief(row_group.group.key)} failed on slot(s) {row_group.slots}: "
+        failed = self._groups.failed(
+            f"processors {brief(row_group.group.key)} failed on slot(s) {row_group.slots}: "
             f"{type(error).__name__}: {error}"
         )
         for request in row_group.requests:
@@ -291,31 +195,16 @@ class SlotBatch:
         rows = torch.tensor(row_group.rows, device=logits.device)
         logits.index_copy_(0, rows, self._end_sequences(logits.index_select(0, rows)))
 
-    def _group(self, specs: list[dict[str, Any]]) -> _Group:
-        key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
-        group = self._groups.get(key)
-        if group is None:
-            try:
-                pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab)
-            except Exception as error:  # e.g. an id beyond the vocabulary: end the request
-                return self._failed_group(f"processors {_brief(key)} cannot run here: {error}")
-            group = self._groups.put(key, _Group(key, pipeline, None))
-        return group
-
-    def _failed_group(self, error: str) -> _Group:
-        logger.error("anylogits: %s; the request's sequence is ended", error)
-        return _Group(f"error:{error}", None, error)
-
     def _row_groups(
         self,
         batch_size: int,
         row_slots: Sequence[int] | None,
         drafts: Sequence[Sequence[int]] | None,
-    ) -> list[_RowGroup]:
+    ) -> list[RowGroup]:
         cacheable = row_slots is None and drafts is None
         if cacheable and self._layout is not None and self._layout[0] == batch_size:
             return self._layout[1]
-        by_key: dict[str, _RowGroup] = {}
+        by_key: dict[str, RowGroup] = {}
         slots = range(batch_size) if row_slots is None else row_slots
         for row, slot in enumerate(slots):
             request = self._slots.get(slot)
@@ -323,12 +212,12 @@ class SlotBatch:
                 continue
             row_group = by_key.get(request.group.key)
             if row_group is None:
-                row_group = by_key[request.group.key] = _RowGroup(request.group)
+                row_group = by_key[request.group.key] = RowGroup(request.group)
             row_group.rows.append(row)
             row_group.slots.append(slot)
             row_group.requests.append(request)
             row_group.drafts.append(list(drafts[row]) if drafts is not None else [])
-        layout = self._stack_same_kinds(list(by_key.values()))
+        layout = self._groups.stack_same_kinds(list(by_key.values()))
         for row_group in layout:
             first, last = row_group.rows[0], row_group.rows[-1]
             if last - first + 1 == len(row_group.rows):
@@ -339,62 +228,8 @@ class SlotBatch:
             self._layout = (batch_size, layout)
         return layout
 
-    def _stack_same_kinds(self, layout: list[_RowGroup]) -> list[_RowGroup]:
-        """Merge groups that run the same kinds of processors with different parameters
-        into one group whose pipeline processes every row with its own parameters."""
-        if len(layout) < 2:
-            return layout
-        by_kinds: dict[tuple[type, ...], list[_RowGroup]] = {}
-        merged_layout: list[_RowGroup] = []  # failed or stateful groups stay as they are
-        for row_group in layout:
-            pipeline = row_group.group.pipeline
-            if pipeline is None or pipeline.tracker is not None:
-                merged_layout.append(row_group)
-                continue
-            kinds = tuple(type(p) for p in pipeline.processors)
-            by_kinds.setdefault(kinds, []).append(row_group)
-        for groups in by_kinds.values():
-            merged = None
-            if len(groups) > 1:
-                try:
-                    merged = self._stacked(groups)
-                except Exception:  # a processor's stack() failed: run the groups apart
-                    logger.exception("anylogits: stacking %d groups failed", len(groups))
-            merged_layout.extend([merged] if merged is not None else groups)
-        return merged_layout
-
-    def _stacked(self, groups: list[_RowGroup]) -> _RowGroup | None:
-        members = sorted(
-            (row, slot, request, draft)
-            for row_group in groups
-            for row, slot, request, draft in zip(
-                row_group.rows, row_group.slots, row_group.requests, row_group.drafts, strict=True
-            )
-        )
-        key = "stack:" + "|".join(m[2].group.key for m in members)
-        group = self._groups.get(key)
-        if group is None:
-            pipelines: list[Pipeline] = []
-            for member in members:
-                assert member[2].group.pipeline is not None  # failed groups never stack
-                pipelines.append(member[2].group.pipeline)
-            stacked = []
-            for position, kind in enumerate(type(p) for p in pipelines[0].processors):
-                processor = kind.stack([p.processors[position] for p in pipelines])
-                if processor is None:
-                    return None
-                stacked.append(processor)
-            group = self._groups.put(key, _Group(key, Pipeline(stacked, self.vocab), None))
-        merged = _RowGroup(group)
-        for row, slot, request, draft in members:
-            merged.rows.append(row)
-            merged.slots.append(slot)
-            merged.requests.append(request)
-            merged.drafts.append(draft)
-        return merged
-
     def _apply(
-        self, logits: torch.Tensor, row_group: _RowGroup, committed: CommittedReader | None
+        self, logits: torch.Tensor, row_group: RowGroup, committed: CommittedReader | None
     ) -> None:
         pipeline = row_group.group.pipeline
         if row_group.span is not None:
@@ -414,7 +249,7 @@ class SlotBatch:
             def sync() -> None:
                 nonlocal synced
                 if not synced:
-                    self._sync(requests, row_group.slots, committed)
+                    read_committed(requests, row_group.slots, committed)
                     synced = True
 
             states: dict[int, Sequence[Any]] = {}
@@ -422,7 +257,7 @@ class SlotBatch:
             if pipeline.tracker is not None:
                 sync()
                 nodes = [
-                    self._draft_node(request, draft)
+                    draft_node(request, draft)
                     for request, draft in zip(requests, row_group.drafts, strict=True)
                 ]
                 states = {
@@ -433,7 +268,7 @@ class SlotBatch:
 
             def history() -> torch.Tensor:
                 sync()
-                return self._history(requests, row_group.drafts)
+                return history_of(requests, row_group.drafts)
 
             def lengths() -> torch.Tensor:
                 sync()
@@ -475,46 +310,3 @@ class SlotBatch:
         rows.fill_(float("-inf"))
         rows[:, eos[0]] = 0.0
         return rows
-
-    @staticmethod
-    def _sync(
-        requests: list[_Request], slots: list[int], committed: CommittedReader | None
-    ) -> None:
-        if committed is None:
-            for request in requests:
-                request.read_output()
-            return
-        # One engine read for the whole group; a request with several rows (draft
-        # positions) is read once.
-        unique: dict[int, tuple[int, _Request]] = {}
-        for slot, request in zip(slots, requests, strict=True):
-            if request.output is None:
-                unique.setdefault(id(request), (slot, request))
-        if not unique:
-            return
-        pending = list(unique.values())
-        new_tokens = committed([slot for slot, _ in pending], [r.length for _, r in pending])
-        for (_, request), tokens in zip(pending, new_tokens, strict=True):
-            if tokens:
-                request.append(list(tokens))
-
-    @staticmethod
-    def _draft_node(request: _Request, draft: list[int]) -> SequenceNode:
-        node = request.committed_node()
-        if draft:
-            processors = request.group.pipeline.stateful  # type: ignore[union-attr]
-            for token_id in draft:
-                node = child_node(processors, node, token_id)
-        return node
-
-    @staticmethod
-    def _history(requests: list[_Request], drafts: list[list[int]]) -> torch.Tensor:
-        lengths = [r.length + len(d) for r, d in zip(requests, drafts, strict=True)]
-        width = max(lengths)
-        ids = torch.zeros(len(requests), width, dtype=torch.int64)
-        for row, (request, draft) in enumerate(zip(requests, drafts, strict=True)):
-            end = width - len(draft)
-            ids[row, end - request.length : end] = request.tokens[: request.length]
-            if draft:
-                ids[row, end:] = torch.tensor(draft, dtype=torch.int64)
-        return ids

@@ -1,0 +1,131 @@
+"""The pipelines of an engine's persistent batch: one per distinct specs (kept, least
+recently used first out, for the requests to come), and the rows of one call grouped by
+pipeline, groups of the same processor kinds stacked into one call."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from anylogits.core.cache import LeastRecentlyUsed
+from anylogits.core.pipeline import Pipeline
+from anylogits.core.slot_requests import PipelineGroup, SlotRequest
+from anylogits.core.specs import from_spec
+from anylogits.core.vocab import Vocabulary
+
+logger = logging.getLogger("anylogits.core.persistent_batch")
+
+# Pipelines kept for specs (and stacked mixes of them) that no running request uses.
+GROUP_CACHE = 1024
+
+
+def brief(key: str, size: int = 300) -> str:
+    """A spec key short enough for a log line (a request's specs may be 128 KB)."""
+    return key if len(key) <= size else f"{key[:size]}... ({len(key)} characters)"
+
+
+class RowGroup:
+    """The rows of one call that share a pipeline."""
+
+    __slots__ = ("drafts", "group", "index", "requests", "rows", "slots", "span")
+
+    def __init__(self, group: PipelineGroup) -> None:
+        self.group = group
+        self.rows: list[int] = []
+        self.slots: list[int] = []
+        self.requests: list[SlotRequest] = []
+        self.drafts: list[list[int]] = []
+        self.index: torch.Tensor | None = None
+        self.span: tuple[int, int] | None = None
+
+
+class PipelineGroups:
+    """The pipelines of the specs an engine's requests carry, built for the vocabulary
+    ``vocab()`` returns.
+
+    A server meets endless distinct specs: pipelines no running request uses are dropped,
+    least recently used first (requests still running keep theirs).
+    """
+
+    def __init__(self, vocab: Callable[[], Vocabulary | None]) -> None:
+        self.vocab = vocab
+        self._groups: LeastRecentlyUsed[str, PipelineGroup] = LeastRecentlyUsed(GROUP_CACHE)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def group(self, specs: list[dict[str, Any]]) -> PipelineGroup:
+        """The group of ``specs`` (a failed one, which ends its requests, when they cannot
+        be built here)."""
+        key = json.dumps(specs, sort_keys=True, separators=(",", ":"))
+        group = self._groups.get(key)
+        if group is None:
+            try:
+                pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab())
+            except Exception as error:  # e.g. an id beyond the vocabulary: end the request
+                return self.failed(f"processors {brief(key)} cannot run here: {error}")
+            group = self._groups.put(key, PipelineGroup(key, pipeline, None))
+        return group
+
+    def failed(self, error: str) -> PipelineGroup:
+        """A group that ends its requests' sequences, ``error`` logged."""
+        logger.error("anylogits: %s; the request's sequence is ended", error)
+        return PipelineGroup(f"error:{error}", None, error)
+
+    def stack_same_kinds(self, layout: list[RowGroup]) -> list[RowGroup]:
+        """Merge groups that run the same kinds of processors with different parameters
+        into one group whose pipeline processes every row with its own parameters."""
+        if len(layout) < 2:
+            return layout
+        by_kinds: dict[tuple[type, ...], list[RowGroup]] = {}
+        merged_layout: list[RowGroup] = []  # failed or stateful groups stay as they are
+        for row_group in layout:
+            pipeline = row_group.group.pipeline
+            if pipeline is None or pipeline.tracker is not None:
+                merged_layout.append(row_group)
+                continue
+            kinds = tuple(type(p) for p in pipeline.processors)
+            by_kinds.setdefault(kinds, []).append(row_group)
+        for groups in by_kinds.values():
+            merged = None
+            if len(groups) > 1:
+                try:
+                    merged = self._stacked(groups)
+                except Exception:  # a processor's stack() failed: run the groups apart
+                    logger.exception("anylogits: stacking %d groups failed", len(groups))
+            merged_layout.extend([merged] if merged is not None else groups)
+        return merged_layout
+
+    def _stacked(self, groups: list[RowGroup]) -> RowGroup | None:
+        members = sorted(
+            (row, slot, request, draft)
+            for row_group in groups
+            for row, slot, request, draft in zip(
+                row_group.rows, row_group.slots, row_group.requests, row_group.drafts, strict=True
+            )
+        )
+        key = "stack:" + "|".join(m[2].group.key for m in members)
+        group = self._groups.get(key)
+        if group is None:
+            pipelines: list[Pipeline] = []
+            for member in members:
+                assert member[2].group.pipeline is not None  # failed groups never stack
+                pipelines.append(member[2].group.pipeline)
+            stacked = []
+            for position, kind in enumerate(type(p) for p in pipelines[0].processors):
+                processor = kind.stack([p.processors[position] for p in pipelines])
+                if processor is None:
+                    return None
+                stacked.append(processor)
+            group = self._groups.put(key, PipelineGroup(key, Pipeline(stacked, self.vocab()), None))
+        merged = RowGroup(group)
+        for row, slot, request, draft in members:
+            merged.rows.append(row)
+            merged.slots.append(slot)
+            merged.requests.append(request)
+            merged.drafts.append(draft)
+        return merged
