@@ -285,7 +285,7 @@ def test_the_serving_pages_client_talks_to_this_server(server: Server) -> None:
 def real_server(server: Server, servers: Servers, real_model_dir: Path) -> Server:
     """The same server on the real model (SmolLM2-135M-Instruct; float32 GGUF for
     llama.cpp, the HF folder for mlx-lm)."""
-    return servers.on(server.backend, real_model_dir)
+    return servers.serving(server.backend, real_model_dir)
 
 
 def test_real_model_extracts_the_person_through_the_server(

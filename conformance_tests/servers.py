@@ -231,9 +231,9 @@ class Servers:
         self.running: dict[str, Server] = {}
 
     def __getitem__(self, backend: str) -> Server:
-        return self.on(backend, self.model_dir)
+        return self.serving(backend, self.model_dir)
 
-    def on(self, backend: str, model_dir: Path) -> Server:
+    def serving(self, backend: str, model_dir: Path) -> Server:
         """``backend``'s server on the model in ``model_dir`` (an HF folder holding its
         float32 GGUF too)."""
         key = f"{backend}:{model_dir}"

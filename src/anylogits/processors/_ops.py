@@ -154,11 +154,11 @@ def _numpy() -> Any:
 
 
 def row_values(values: Sequence[float]) -> torch.Tensor:
-    """Per-row Python floats as a float64 tensor (see :func:`opmath`)."""
+    """Per-row Python floats as a float64 tensor (see :func:`compute_precision`)."""
     return torch.tensor(values, dtype=torch.float64)
 
 
-def opmath(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def compute_precision(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Per-row floats in the precision torch computes ``logits`` op a Python float in:
     float64 for float64 logits, float32 otherwise (half types compute in float32)."""
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -167,7 +167,7 @@ def opmath(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 def divide_rows(logits: torch.Tensor, batch: Batch, divisors: torch.Tensor) -> torch.Tensor:
     """Row ``i`` divided by ``divisors[i]``, bit for bit as ``row.div_(float)``."""
-    divisors = opmath(divisors, logits)[:, None]
+    divisors = compute_precision(divisors, logits)[:, None]
     if logits.dtype == divisors.dtype:
         return logits.div_(divisors)
     return logits.copy_(logits.to(divisors.dtype) / divisors)
@@ -213,7 +213,7 @@ class TokenColumns:
         self._tensors: dict[torch.device, torch.Tensor] = {}
         self._checked_width = -1
 
-    def on(self, logits: torch.Tensor) -> torch.Tensor:
+    def for_logits(self, logits: torch.Tensor) -> torch.Tensor:
         width = logits.shape[-1]
         if width != self._checked_width:
             ids_within(self.name, self.ids, width, "logits row")
@@ -268,12 +268,12 @@ class RowColumns:
         self._values = values
         self._tensors: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
-    def on(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def for_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rows, columns)`` on the logits' device; ``ValueError`` for an id past the row."""
-        columns = self.columns.on(logits)
+        columns = self.columns.for_logits(logits)
         return self._tensor(self._rows, logits.device, torch.int64), columns
 
-    def values_on(self, logits: torch.Tensor) -> torch.Tensor:
+    def values_for(self, logits: torch.Tensor) -> torch.Tensor:
         """The values, one per id, in the logits' dtype and on their device."""
         assert self._values is not None
         return self._tensor(self._values, logits.device, logits.dtype)
@@ -293,12 +293,12 @@ class RowColumns:
 
 def add_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:
     """Add ``index``'s values at its ids, row by row, in place."""
-    return logits.index_put_(index.on(logits), index.values_on(logits), accumulate=True)
+    return logits.index_put_(index.for_logits(logits), index.values_for(logits), accumulate=True)
 
 
 def suppress_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:
     """Set ``index``'s ids to ``-inf``, row by row, in place."""
-    return logits.index_put_(index.on(logits), minus_inf(logits))
+    return logits.index_put_(index.for_logits(logits), minus_inf(logits))
 
 
 class SequenceEnds:

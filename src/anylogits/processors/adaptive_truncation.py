@@ -21,9 +21,9 @@ from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import int_at_least, positive_float, probability
 from anylogits.processors._ops import (
+    compute_precision,
     keep_only,
     mass_dtype,
-    opmath,
     probabilities,
     row_values,
     top_logits,
@@ -384,7 +384,7 @@ def _top_h_rows(
     top = top_logits(logits, min(considered, logits.shape[-1]))[0]
     entropy, probs = _categorical_entropy(top)
     # tau = entropy * top_h, rounded as a tensor times a Python float is.
-    tau = (entropy.to(mass_dtype(top)) * opmath(top_hs, top)[:, None]).to(top.dtype)
+    tau = (entropy.to(mass_dtype(top)) * compute_precision(top_hs, top)[:, None]).to(top.dtype)
     cumulative = (-probs * probs.log()).cumsum(dim=-1)
     # The running entropy never decreases, so the kept candidates are a prefix.
     kept = (cumulative <= tau).sum(dim=-1, keepdim=True).clamp(min=1)

@@ -63,7 +63,7 @@ class SuppressTokens(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self.token_ids:
             return logits
-        return logits.index_fill_(1, self._columns.on(logits), float("-inf"))
+        return logits.index_fill_(1, self._columns.for_logits(logits), float("-inf"))
 
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
@@ -140,9 +140,9 @@ class BadWords(LogitsProcessor):
         if ends is None:
             raise ValueError("BadWords holds strings, so it must be bound to a vocabulary first")
         if ends.single:
-            logits.index_fill_(1, ends.single_ids.on(logits), float("-inf"))
+            logits.index_fill_(1, ends.single_ids.for_logits(logits), float("-inf"))
         if ends.longer:
-            last = ends.last_ids.on(logits)
+            last = ends.last_ids.for_logits(logits)
             completed = ends.completed_by_last(batch, logits.device)
             # amin with +inf leaves a logit alone, with -inf bans it; duplicates are harmless.
             banned = torch.full(

@@ -76,7 +76,7 @@ class LogitBias(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self.bias:
             return logits
-        columns = self._columns.on(logits)
+        columns = self._columns.for_logits(logits)
         key = (logits.device, logits.dtype)
         values = self._values.get(key)
         if values is None:
@@ -184,7 +184,7 @@ class SequenceBias(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self.biases:
             return logits
-        columns = self._columns.on(logits)
+        columns = self._columns.for_logits(logits)
         (single_slots, single_values), groups = self._on(logits.device, logits.dtype)
         bias = logits.new_zeros(logits.shape[0], columns.shape[0])
         if single_values.numel():

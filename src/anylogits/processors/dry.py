@@ -22,7 +22,7 @@ from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
-from anylogits.processors._ops import opmath, row_values
+from anylogits.processors._ops import compute_precision, row_values
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -200,7 +200,7 @@ class BreakerTable:
     tails: dict[tuple[int, ...], frozenset[int]]
     _on_device: dict[torch.device, Any] = field(default_factory=dict, repr=False)
 
-    def on(self, device: torch.device) -> tuple[torch.Tensor, _TailForms]:
+    def for_device(self, device: torch.device) -> tuple[torch.Tensor, _TailForms]:
         """``(single id mask, the multi-token forms)`` on ``device``."""
         cached = self._on_device.get(device)
         if cached is None:
@@ -405,7 +405,7 @@ def _dry_rows(
     # A position outside the window holds an id no other position of its row holds, so no
     # repeat and no breaker reaches it.
     tokens = torch.where(inside, ids, -1 - columns)
-    single, tails = owner.breakers().on(device)
+    single, tails = owner.breakers().for_device(device)
     limits = _repeat_limits(tokens, windows, single, tails)
     if readable and not bool(((windows > allowed) & (limits >= allowed)).any()):
         return logits
@@ -420,8 +420,8 @@ def _dry_rows(
     exponents = torch.minimum(exponents, _max_exponents(bases)[:, None])
     # As llama.cpp: float32 parameters (float64 for float64 logits), the power and product
     # in double, the penalty rounded once.
-    multipliers = opmath(multipliers, logits).double()[:, None]
-    bases = opmath(bases, logits).double()[:, None]
+    multipliers = compute_precision(multipliers, logits).double()[:, None]
+    bases = compute_precision(bases, logits).double()[:, None]
     penalties = multipliers * torch.pow(bases, exponents.to(torch.float64))
     index = torch.where(eligible, followers, 0)
     seen = logits.gather(1, index)

@@ -134,7 +134,7 @@ class ForceSequence(LogitsProcessor):
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         assert self._columns is not None, "bind() first (Pipeline does)"
-        phrase = self._columns.on(logits)
+        phrase = self._columns.for_logits(logits)
         generated = batch.generated_lengths.to(logits.device)
         forced = phrase[generated.clamp(0, phrase.shape[0] - 1), None]
         return force_where(logits, forced, self.strict, generated < phrase.shape[0])
@@ -247,14 +247,14 @@ class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
         )
         if max(positions) < 0 and not any(watching):
             return logits
-        phrase = self._phrase_columns.on(logits)
+        phrase = self._phrase_columns.for_logits(logits)
         position = torch.tensor(positions, device=logits.device)
         forcing = position >= 0
         forced = phrase[position.clamp(min=0)]
         if any(watching):
             if not self._trigger_columns.ids:
                 raise no_eos(self.owner)
-            starts = torch.isin(logits.argmax(1), self._trigger_columns.on(logits))
+            starts = torch.isin(logits.argmax(1), self._trigger_columns.for_logits(logits))
             starts &= torch.tensor(watching, device=logits.device)
             for state, watched, started in zip(states, watching, starts.tolist(), strict=True):
                 if watched:
@@ -519,7 +519,7 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         assert self._columns is not None, "bind() first (Pipeline does)"
-        columns = self._columns.on(logits).expand(logits.shape[0], -1)
+        columns = self._columns.for_logits(logits).expand(logits.shape[0], -1)
         if self.boost_first_words:
             states = batch.states(self)
             width = len(self._columns.ids)

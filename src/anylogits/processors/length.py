@@ -26,7 +26,7 @@ from anylogits.processors._checks import (
     single_token,
     token_or_text,
 )
-from anylogits.processors._ops import TokenColumns, eos_columns, eos_ids, no_eos, opmath
+from anylogits.processors._ops import TokenColumns, compute_precision, eos_columns, eos_ids, no_eos
 
 
 class MinNewTokens(LogitsProcessor):
@@ -69,7 +69,7 @@ class MinNewTokens(LogitsProcessor):
         if not self._columns.ids:
             raise no_eos("MinNewTokens")
         too_short = (batch.generated_lengths < self.min_new_tokens).to(logits.device)
-        columns = self._columns.on(logits)
+        columns = self._columns.for_logits(logits)
         eos_logits = logits.index_select(1, columns).masked_fill_(too_short[:, None], float("-inf"))
         return logits.index_copy_(1, columns, eos_logits)
 
@@ -129,9 +129,9 @@ class ExponentialDecayLength(LogitsProcessor):
             raise no_eos("ExponentialDecayLength")
         steps = (batch.generated_lengths - self.start_index).to(torch.float64)
         # In float64, as transformers' Python ``pow(decay_factor, steps) - 1`` is, then in
-        # the precision torch multiplies logits by a Python float (see opmath).
-        growth = opmath(torch.pow(self.decay_factor, steps.clamp(min=0)) - 1, logits)
-        columns = self._columns.on(logits)
+        # the precision torch multiplies logits by a Python float (see compute_precision).
+        growth = compute_precision(torch.pow(self.decay_factor, steps.clamp(min=0)) - 1, logits)
+        columns = self._columns.for_logits(logits)
         eos = logits.index_select(1, columns)
         penalty = (eos.to(growth.dtype).abs() * growth.to(logits.device)[:, None]).to(eos.dtype)
         active = (steps > 0).to(logits.device)[:, None] & eos.isfinite()
@@ -247,7 +247,7 @@ class GenLength(StatefulLogitsProcessor[_LengthState]):
             for state, count in zip(states, counts, strict=True)
         ]
         boost = torch.tensor(boosts, dtype=torch.float32, device=logits.device)
-        columns = self._boosted.on(logits)  # distinct ids: one add per cell
+        columns = self._boosted.for_logits(logits)  # distinct ids: one add per cell
         logits[:, columns] += boost[:, None]
         return logits
 
@@ -366,6 +366,6 @@ class StopStrings(StatefulLogitsProcessor[_StopState]):
         row = self._forced_rows.get(key)
         if row is None:
             row = torch.full((1, key[0]), float("-inf"), dtype=logits.dtype, device=logits.device)
-            row.index_fill_(1, self._columns.on(logits), 0.0)
+            row.index_fill_(1, self._columns.for_logits(logits), 0.0)
             self._forced_rows[key] = row
         return row

@@ -17,7 +17,7 @@ from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import finite_float, int_at_least, positive_float
-from anylogits.processors._ops import history_within, opmath, row_values
+from anylogits.processors._ops import compute_precision, history_within, row_values
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -93,7 +93,7 @@ def _repetition_penalty(
     seen = logits.gather(1, ids)
     if isinstance(penalty, torch.Tensor):
         # One penalty per row, computed and rounded as a Python float would be.
-        factor = opmath(penalty, logits)[:, None]
+        factor = compute_precision(penalty, logits)[:, None]
         wide = seen.to(factor.dtype)
         penalized = torch.where(wide < 0, wide * factor, wide / factor).to(seen.dtype)
     else:
@@ -147,7 +147,7 @@ def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor)
         return logits
     index, _, has_any = found
     seen = logits.gather(1, index)
-    amount = opmath(penalty, logits)[:, None]
+    amount = compute_precision(penalty, logits)[:, None]
     penalized = (seen.to(amount.dtype) - amount).to(seen.dtype)
     return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
 
@@ -165,7 +165,7 @@ def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor
     counts = table.scatter_add_(1, counted, torch.ones_like(counted, dtype=torch.int32))
     counts = counts.gather(1, index)
     seen = logits.gather(1, index)
-    rate = opmath(penalty, logits)[:, None]
+    rate = compute_precision(penalty, logits)[:, None]
     penalized = (seen.to(rate.dtype) - rate * counts.to(rate.dtype)).to(seen.dtype)
     return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
 

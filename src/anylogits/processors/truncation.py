@@ -21,8 +21,8 @@ from anylogits.core.processor import Candidates, LogitsProcessor, RowwiseProcess
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import int_at_least, probability
 from anylogits.processors._ops import (
+    compute_precision,
     keep_only,
-    opmath,
     probabilities,
     row_total,
     row_values,
@@ -312,7 +312,9 @@ def _min_p(
         top = probs.amax(dim=-1, keepdim=True)
     if isinstance(min_p, torch.Tensor):
         # Rounded to the probabilities' dtype, as a Python float factor would be.
-        threshold = (opmath(min_p, logits) * top.to(min_p.dtype)[:, 0]).to(probs.dtype)[:, None]
+        threshold = (compute_precision(min_p, logits) * top.to(min_p.dtype)[:, 0]).to(probs.dtype)[
+            :, None
+        ]
     else:
         threshold = min_p * top
     keep = probs >= threshold
