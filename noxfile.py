@@ -137,7 +137,7 @@ def tests(session: nox.Session) -> None:
         "src/anylogits/core",
         "src/anylogits/processors",
         "src/anylogits/adapters/vllm_requests.py",
-        "src/anylogits/adapters/transformers_processors.py",
+        "src/anylogits/adapters/from_transformers.py",
         "src/anylogits/testing/check.py",
         *session.posargs,
     )

@@ -29,7 +29,7 @@ from anylogits import (
 )
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
 from anylogits.testing.probes import RaiseAfter
-from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES, EOS
+from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES, EOS
 from conformance_tests.servers import (
     BAD_PAYLOADS,
     Server,

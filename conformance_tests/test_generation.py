@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from anylogits import JSONSchema, LogitsProcessor, Regex
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
-from conformance_tests.reference import (
+from conformance_tests.generation_cases import (
     COUNTING,
     CROSS_ENGINE_CASES,
     WITHOUT_THE_PROCESSOR,

@@ -36,7 +36,7 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from conformance_tests.reference import (  # noqa: E402
+from conformance_tests.generation_cases import (  # noqa: E402
     COUNTING,
     SMALL_CHOICES,
     SMALL_GBNF,

@@ -45,7 +45,7 @@ from anylogits.testing.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from conformance_tests.reference import COUNTING  # noqa: E402
+from conformance_tests.generation_cases import COUNTING  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
 

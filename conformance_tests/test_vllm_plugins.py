@@ -26,7 +26,7 @@ from anylogits.engines.generation import (  # noqa: E402
     vllm_environment,
 )
 from anylogits.testing.probes import GeneratedHashBias  # noqa: E402
-from conformance_tests.reference import COUNTING  # noqa: E402
+from conformance_tests.generation_cases import COUNTING  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 

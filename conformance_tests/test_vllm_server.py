@@ -29,7 +29,7 @@ from anylogits import (  # noqa: E402
     vllm_xargs,
 )
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
-from conformance_tests.reference import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
+from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
 from conformance_tests.server_suite import (  # noqa: E402
     test_the_serving_pages_client_talks_to_this_server,  # noqa: F401  (run here too)
 )

@@ -11,7 +11,7 @@ import pytest
 from docs.hooks.catalogue import catalogue_markdown, reference_markdown
 
 import anylogits
-from anylogits.adapters.transformers_processors import TransformersProcessor
+from anylogits.adapters.from_transformers import TransformersProcessor
 from anylogits.core.registry import registered_type
 from anylogits.core.specs import constructor_parameters
 from anylogits.testing.catalogue import catalogue_classes

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from anylogits.adapters.transformers_processors import from_transformers
+from anylogits.adapters.from_transformers import from_transformers
 from anylogits.adapters.vllm_requests import vllm_xargs
 from anylogits.core import (
     Batch,

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from anylogits.adapters.transformers_processors import SPEC_NAME as LIVE_OBJECT_SPEC
+from anylogits.adapters.from_transformers import SPEC_NAME as LIVE_OBJECT_SPEC
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.pipeline import flatten
 from anylogits.core.specs import parse_specs, to_specs

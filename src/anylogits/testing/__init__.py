@@ -8,7 +8,7 @@
   :mod:`~anylogits.testing.hostile`: oversized and malformed specs a server must refuse.
 * :mod:`~anylogits.testing.probes`: processors that make tracking and truncation mistakes
   visible (``GeneratedHashBias``, ``ReverseRanks``, ...).
-* :mod:`~anylogits.testing.oracles`: the backends' own sampling code, callable on plain
+* :mod:`~anylogits.testing.native_samplers`: the backends' own sampling code, callable on plain
   arrays, to compare the catalogue with.
 * :mod:`~anylogits.testing.pytest_plugin`: ``--backends`` and a ``backend`` fixture for
   any test suite that runs on every engine; public.
