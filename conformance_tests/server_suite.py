@@ -28,10 +28,10 @@ from anylogits import (
     to_specs,
 )
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
+from anylogits.testing.hostile import BAD_PAYLOADS
 from anylogits.testing.probes import RaiseAfter
 from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES, EOS
 from conformance_tests.servers import (
-    BAD_PAYLOADS,
     Server,
     Servers,
     check_spec_message,

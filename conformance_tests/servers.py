@@ -44,27 +44,6 @@ LOG_TAIL_CHARS = 6000
 # package's ban_two_back) need nothing at all.
 SERVER_PLUGINS = {"ANYLOGITS_PLUGINS": "anylogits.testing.probes"}
 
-# Ordinary mistakes in vllm_xargs["anylogits"], each with (part of) the HTTP 400 message
-# the server answers: the server suite sends them, `anylogits check-spec`'s tests check
-# its own answer to them.
-BAD_PAYLOADS = {
-    "invalid_value": (
-        '[{"type": "top_k", "top_k": 0}]',
-        "extra_args['anylogits'][0]: top_k must be >= 1, got 0",
-    ),
-    "unknown_type": (
-        '[{"type": "no_such_processor"}]',
-        "extra_args['anylogits'][0]: spec field 'type' is 'no_such_processor'",
-    ),
-    "unknown_field": (
-        '[{"type": "top_k", "top_k": 3, "colour": "red"}]',
-        "extra_args['anylogits'][0]: spec for 'top_k' has unknown field(s) ['colour']",
-    ),
-    "not_json": ("[{not json", "extra_args['anylogits'] is a string but not valid JSON"),
-    "not_a_list": ("42", "extra_args['anylogits'] must be a list"),
-}
-
-
 # Minimal chat template (the tiny model's tokenizer has none): "role: content" lines.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"

@@ -29,12 +29,12 @@ from anylogits import (  # noqa: E402
     vllm_xargs,
 )
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
+from anylogits.testing.hostile import BAD_PAYLOADS  # noqa: E402
 from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
 from conformance_tests.server_suite import (  # noqa: E402
     test_the_serving_pages_client_talks_to_this_server,  # noqa: F401  (run here too)
 )
 from conformance_tests.servers import (  # noqa: E402
-    BAD_PAYLOADS,
     MODEL_NAME,
     Server,
     check_spec_message,

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conformance_tests.support_matrix import render_markdown
 from test_plugins import install_distribution
 
 import anylogits
 from anylogits.cli.listing import NOT_IN_MATRIX, catalogue_entries
 from anylogits.core.registry import registered_processors
 from anylogits.core.specs import constructor_parameters
-from anylogits.support import packaged_support_matrix
+from anylogits.support import packaged_support_matrix, render_markdown
 from anylogits.testing.catalogue import catalogue_classes
 
 ROOT = Path(__file__).parents[1]

@@ -108,3 +108,18 @@ def test_core_has_no_import_loop() -> None:
 
     for module in graph:
         visit(module, ())
+
+
+def test_unit_tests_do_not_import_the_conformance_suite() -> None:
+    """``tests/`` runs without any backend and stands alone (``nox -s tests``)."""
+    import ast
+
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                assert not name.startswith("conformance_tests"), f"{path.name} imports {name}"

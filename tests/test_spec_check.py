@@ -10,12 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conformance_tests.servers import BAD_PAYLOADS
 
 from anylogits.adapters.vllm_requests import validate_request
 from anylogits.cli.check_spec import SpecCheck, check_request
 from anylogits.testing.catalogue import PROCESSOR_SPECS
-from anylogits.testing.hostile import OVERSIZED, REQUEST_LEVEL
+from anylogits.testing.hostile import BAD_PAYLOADS, OVERSIZED, REQUEST_LEVEL
 
 VALID = [{"type": "top_k", "top_k": 5}, {"type": "suppress_tokens", "token_ids": [3]}]
 

@@ -47,6 +47,27 @@ def _nested_dict(depth: int) -> dict[str, Any]:
     return value
 
 
+# Ordinary mistakes in vllm_xargs["anylogits"], each with (part of) the HTTP 400 message
+# every server answers: the server suites send them, `anylogits check-spec`'s tests check
+# its own answer to them.
+BAD_PAYLOADS = {
+    "invalid_value": (
+        '[{"type": "top_k", "top_k": 0}]',
+        "extra_args['anylogits'][0]: top_k must be >= 1, got 0",
+    ),
+    "unknown_type": (
+        '[{"type": "no_such_processor"}]',
+        "extra_args['anylogits'][0]: spec field 'type' is 'no_such_processor'",
+    ),
+    "unknown_field": (
+        '[{"type": "top_k", "top_k": 3, "colour": "red"}]',
+        "extra_args['anylogits'][0]: spec for 'top_k' has unknown field(s) ['colour']",
+    ),
+    "not_json": ("[{not json", "extra_args['anylogits'] is a string but not valid JSON"),
+    "not_a_list": ("42", "extra_args['anylogits'] must be a list"),
+}
+
+
 OVERSIZED: dict[str, Case] = {
     "bad_words.words": (
         "words",
