@@ -148,8 +148,7 @@ class GuardedValidator:
         assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], STARTUP_TIMEOUT_S)
         if not ready or process.stdout.readline() != b"ready\n":
-            process.kill()
-            process.wait()
+            _end(process)
             raise RuntimeError(
                 "the grammar checking process did not start (is llguidance installed?)"
             )
@@ -158,12 +157,20 @@ class GuardedValidator:
     def _stop(self) -> None:
         process, self._process = self._process, None
         if process is not None:
-            process.kill()
-            process.wait()
+            _end(process)
 
     def close(self) -> None:
         with self._lock:
             self._stop()
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Kill a checking process and close its pipes (a replaced one's, too)."""
+    process.kill()
+    process.wait()
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 GUARD = GuardedValidator()
