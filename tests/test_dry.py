@@ -5,16 +5,15 @@ conformance_tests/test_oracles_penalties.py).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
 import numpy as np
 import pytest
 import torch
-from test_penalties import right_aligned
+from test_penalties import assert_spec_round_trips, right_aligned
 
-from anylogits import Pipeline, Vocabulary, from_spec
+from anylogits import Pipeline, Vocabulary
 from anylogits.processors.dry import DRY, breaker_table
 
 
@@ -46,10 +45,7 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
     ids=repr,
 )
 def test_specs_round_trip_through_json(processor) -> None:
-    spec = json.loads(json.dumps(processor.to_spec()))
-    rebuilt = from_spec(spec)
-    assert type(rebuilt) is type(processor)
-    assert rebuilt.config() == processor.config()
+    assert_spec_round_trips(processor)
 
 
 # --------------------------------------------------------------------------------------
