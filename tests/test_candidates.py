@@ -16,8 +16,9 @@ from torch.overrides import TorchFunctionMode
 
 from anylogits import Pipeline
 from anylogits.core.batch import Batch
+from anylogits.core.fast_paths import Candidates, FastPaths
 from anylogits.core.pipeline import run_on_candidates
-from anylogits.core.processor import Candidates, LogitsProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import forbid_host_sync
 from anylogits.processors._ops import probabilities, top_logits
 from anylogits.processors.adaptive_truncation import (
@@ -177,7 +178,7 @@ def test_candidates_in_descending_order_are_neither_sorted_nor_searched_for_a_ma
     assert_same_bits(candidates.write(logits.clone()), full_path(processors, logits.clone()))
 
 
-class Negate(LogitsProcessor):
+class Negate(FastPaths):
     """Row-local, but it reverses the order: finite logits change sign (``-inf`` stays)."""
 
     row_local = True

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from anylogits.adapters.vllm_requests import SPEC_FIELD, SPEC_KEY, validate_request
+from anylogits.core.fast_paths import Candidates
 from anylogits.core.pipeline import Pipeline
-from anylogits.core.processor import Candidates, LogitsProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary
 

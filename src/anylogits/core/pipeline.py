@@ -7,8 +7,10 @@ from typing import Any
 
 import torch
 
+from anylogits.core import fast_paths
 from anylogits.core.batch import Batch, TokenSource
-from anylogits.core.processor import Candidates, LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.fast_paths import Candidates
+from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.tracker import SequenceTracker
 from anylogits.core.vocab import Vocabulary
@@ -37,7 +39,7 @@ def row_local_ends(processors: Sequence[LogitsProcessor]) -> tuple[int, ...]:
     ends = [len(processors)] * len(processors)
     for index in range(len(processors) - 2, -1, -1):
         follower = processors[index + 1]
-        ends[index] = ends[index + 1] if follower.row_local else index + 1
+        ends[index] = ends[index + 1] if fast_paths.is_row_local(follower) else index + 1
     return tuple(ends)
 
 
@@ -62,14 +64,14 @@ def run_on_candidates(
     """
     if not host_sync_allowed(logits):
         return None
-    candidates = truncation.candidates(logits, batch)
+    candidates = fast_paths.candidates(truncation, logits, batch)
     if candidates is None or not bool(candidates.exact.all()):
         return None
     values, descending = candidates.values, candidates.descending
     for follower in followers:
         if descending:
-            values = follower.process_descending(values, batch)
-            descending = follower.keeps_order
+            values = fast_paths.process_descending(follower, values, batch)
+            descending = fast_paths.keeps_order(follower)
         else:
             values = follower.process(values, batch)
     return candidates._replace(values=values, descending=descending)
@@ -139,7 +141,7 @@ class Pipeline:
             out: for callers that keep their logits: a tensor shaped like ``logits`` that
                 does not overlap them. ``logits`` are then left untouched and the first
                 processor writes its result to ``out`` (see
-                :meth:`~anylogits.LogitsProcessor.process_into`).
+                :meth:`~anylogits.core.fast_paths.FastPaths.process_into`).
         """
         self.check_logits(logits)
         return self.apply(logits, self._batch(logits.shape[0], token_ids, lengths), out=out)
@@ -153,9 +155,10 @@ class Pipeline:
         :class:`Batch`, states included, instead of letting the tracker infer it.
         ``out``: as in :meth:`__call__`.
 
-        Where a truncation returns :meth:`~LogitsProcessor.candidates` and row-local
-        processors follow it, those run on the ``(B, K)`` candidates and the rows are
-        written once (see :func:`run_on_candidates`).
+        Where a truncation returns
+        :meth:`~anylogits.core.fast_paths.FastPaths.candidates` and row-local processors
+        follow it, those run on the ``(B, K)`` candidates and the rows are written once
+        (see :func:`run_on_candidates`).
         """
         result = self._run(logits, batch, out, compact=False)
         assert isinstance(result, torch.Tensor)
@@ -169,7 +172,7 @@ class Pipeline:
         lengths: torch.Tensor | None = None,
     ) -> torch.Tensor | Candidates:
         """:meth:`__call__`, except that when the last processors ran on a truncation's
-        candidates, those :class:`~anylogits.core.processor.Candidates` are returned
+        candidates, those :class:`~anylogits.core.fast_paths.Candidates` are returned
         unwritten (``candidates.write(logits)`` gives ``__call__``'s result): for engines
         that keep a list of candidate tokens of their own (llama.cpp), which then need
         neither the full rows written nor scanned for the tokens left. ``logits`` may
@@ -200,7 +203,7 @@ class Pipeline:
                     continue
             if out is not None:
                 # The first write goes to `out`: the caller's logits stay untouched.
-                logits, out = processor.process_into(logits, batch, out), None
+                logits, out = fast_paths.process_into(processor, logits, batch, out), None
                 index += 1
                 continue
             logits = processor.process(logits, batch)

@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from anylogits.core import registry, specs
 
 if TYPE_CHECKING:
     import torch
-    from typing_extensions import Self
 
     from anylogits.core.batch import Batch
     from anylogits.core.vocab import Vocabulary
 
 State = TypeVar("State")
-
-
-class Candidates(NamedTuple):
-    """What a truncation left of each row, as ``(B, K)`` columns and their logits.
-
-    ``values[b]`` holds the logits of row ``b`` at ``columns[b]`` (``-inf`` where the row
-    has fewer than ``K`` tokens left); every other column of the row is ``-inf``, except
-    in rows where ``exact[b]`` is ``False`` (a tie at the K-th logit kept more than
-    ``K`` tokens): those rows must be processed in full. ``descending``: every row of
-    ``values`` is in descending order (``-inf`` last, no NaN), as ``torch.topk`` returns
-    them; processors may then skip a sort or a maximum (see
-    :meth:`LogitsProcessor.process_descending`).
-    """
-
-    values: torch.Tensor
-    columns: torch.Tensor
-    exact: torch.Tensor
-    descending: bool = False
-
-    def write(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` (in place) holding only the candidates: one fill, one scatter."""
-        logits.fill_(float("-inf"))
-        return logits.scatter_(-1, self.columns, self.values)
 
 
 class LogitsProcessor:
@@ -55,22 +30,14 @@ class LogitsProcessor:
             tokens, so the pipeline must track which sequence each row belongs to.
         argmax_invariant: ``True`` when the highest logit of a row always stays the
             highest (truncation and temperature), so greedy decoding may skip it.
-        row_local: ``True`` when :meth:`process` depends only on each row's finite
-            logits (not on their columns, the row's width, the batch or the history) and
-            gives the same bits whichever columns hold them. After a truncation that
-            returns :meth:`candidates`, the pipeline runs such processors on the
-            ``(B, K)`` candidate logits instead of the ``(B, V)`` rows.
-        keeps_order: ``True`` when :meth:`process` leaves a row in descending order in
-            descending order (truncations, which only set logits to ``-inf``, and
-            temperature). Along a run of candidates that stay in descending order the
-            pipeline calls :meth:`process_descending`.
+
+    Processors that need speed beyond a vectorized :meth:`process` opt into the hooks of
+    :class:`~anylogits.core.fast_paths.FastPaths` (docs: "Fast paths").
     """
 
     spec_name: ClassVar[str | None] = None
     needs_sequences: ClassVar[bool] = False
     argmax_invariant: ClassVar[bool] = False
-    row_local: ClassVar[bool] = False
-    keeps_order: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -89,29 +56,6 @@ class LogitsProcessor:
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Return processed ``logits`` of shape ``(B, V)``; may edit ``logits`` in place."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement process()")
-
-    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
-        """:meth:`process` that leaves ``logits`` untouched and returns the result in ``out``.
-
-        ``out`` has the shape and dtype of ``logits`` and does not overlap them. Used for
-        the first processor of a pipeline whose caller keeps its logits (transformers).
-        The default copies ``logits`` into ``out`` and processes the copy; a processor
-        whose first full-width write can read ``logits`` and write ``out`` overrides it,
-        so the caller's logits are read once instead of copied and then edited.
-        """
-        return self.process(out.copy_(logits), batch)
-
-    def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """:meth:`process` for rows known to be in descending order (``-inf`` last, no
-        NaN): a truncation's candidates. Must give :meth:`process`'s bits; overridden
-        where the order spares work (no sort, the maximum is the first column). The
-        default calls :meth:`process`."""
-        return self.process(values, batch)
-
-    def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
-        """This truncation's result as :class:`Candidates`, without editing ``logits``;
-        ``None`` when it cannot bound the tokens it keeps (the default)."""
-        return None
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments, as plain JSON-able values."""
@@ -136,21 +80,6 @@ class LogitsProcessor:
                 f"not {cls.__qualname__}"
             )
         return processor
-
-    @classmethod
-    def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
-        """One processor applying ``processors[i]`` (all of this class) to row ``i``.
-
-        Engines that batch many requests in slots use it to process rows that run the
-        same kind of processor with different parameters in one call. Returns ``None``
-        when this class cannot (the rows are then processed group by group). The default
-        stacks identical configurations only; stateful processors never stack.
-        """
-        first = processors[0]
-        if issubclass(cls, StatefulLogitsProcessor):
-            return None
-        config = first.config()
-        return first if all(p.config() == config for p in processors[1:]) else None
 
     def __repr__(self) -> str:
         try:
@@ -186,45 +115,3 @@ class StatefulLogitsProcessor(LogitsProcessor, Generic[State]):
     def fork(self, state: State) -> State:
         """An independent copy of ``state`` (only called when ``mutable_state``)."""
         return state
-
-
-class RowwiseProcessor(LogitsProcessor):
-    """Rows of one batch processed by one function with per-row parameters.
-
-    What :meth:`LogitsProcessor.stack` returns: ``function(logits, batch, **parameters)``
-    where each tensor parameter has one entry (or row) per logits row. ``row_local``,
-    ``keeps_order``, ``candidates`` and ``descending`` (functions called like
-    ``function``: :meth:`candidates` and :meth:`process_descending`) are those of the
-    stacked class. Internal: it has no spec.
-    """
-
-    def __init__(
-        self,
-        function: Callable[..., torch.Tensor],
-        *,
-        row_local: bool = False,
-        keeps_order: bool = False,
-        candidates: Callable[..., Candidates | None] | None = None,
-        descending: Callable[..., torch.Tensor] | None = None,
-        **parameters: Any,
-    ) -> None:
-        self.function = function
-        self.row_local = row_local  # type: ignore[misc]
-        self.keeps_order = keeps_order  # type: ignore[misc]
-        self.candidates_function = candidates
-        self.descending_function = descending or function
-        self.parameters = parameters
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self.function(logits, batch, **self.parameters)
-
-    def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self.descending_function(values, batch, **self.parameters)
-
-    def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
-        if self.candidates_function is None:
-            return None
-        return self.candidates_function(logits, batch, **self.parameters)
-
-    def __repr__(self) -> str:
-        return f"RowwiseProcessor({self.function.__name__})"

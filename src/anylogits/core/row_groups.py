@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from anylogits.core.cache import LeastRecentlyUsed
+from anylogits.core.fast_paths import stack
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.slot_requests import PipelineGroup, SlotRequest
 from anylogits.core.specs import from_spec
@@ -117,7 +118,7 @@ class PipelineGroups:
                 pipelines.append(member[2].group.pipeline)
             stacked = []
             for position, kind in enumerate(type(p) for p in pipelines[0].processors):
-                processor = kind.stack([p.processors[position] for p in pipelines])
+                processor = stack(kind, [p.processors[position] for p in pipelines])
                 if processor is None:
                     return None
                 stacked.append(processor)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import int_at_least, positive_float, probability
 from anylogits.processors._ops import (
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class TypicalP(LogitsProcessor):
+class TypicalP(FastPaths):
     """Locally typical sampling: keep the tokens whose information ``-log p`` is closest to
     the entropy of the row, until they hold ``mass`` of the probability.
 
@@ -187,7 +188,7 @@ def _eta_rows(
     return keep_only(logits, with_top_tokens(logits, probs >= eta, min_keep, min_keeps))
 
 
-class _ProbabilityFloor(LogitsProcessor):
+class _ProbabilityFloor(FastPaths):
     """What EpsilonCutoff and EtaCutoff share: an ``epsilon`` and ``min_tokens_to_keep``
     per row, applied by the subclass's ``_rows`` function."""
 
@@ -280,7 +281,7 @@ def _categorical_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return -(normalized.clamp(min=lowest) * probs).sum(-1, keepdim=True), probs
 
 
-class TopNSigma(LogitsProcessor):
+class TopNSigma(FastPaths):
     """Top-nσ: keep tokens whose logit is at least ``max - n * σ``, σ the standard
     deviation of the row's finite logits.
 
@@ -336,7 +337,7 @@ def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: torch.Tensor) -> t
     return keep_only(logits, values >= threshold)
 
 
-class TopH(LogitsProcessor):
+class TopH(FastPaths):
     """Top-H: among the ``considered`` (100) most likely tokens, renormalized, keep the
     likeliest ones while their cumulative entropy ``sum(-p log p)`` stays within
     ``top_h`` times the entropy of those candidates (the first is always kept).

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.limits import check_items, check_text
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class SuppressTokens(LogitsProcessor):
+class SuppressTokens(FastPaths):
     """Never generate the given tokens (their logits become ``-inf``).
 
     Oracle: transformers ``SuppressTokensLogitsProcessor`` (identical result).

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.limits import check_items
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor, StatefulLogitsProcessor
+from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import boolean, finite_float, ids_within, token_sequence
 from anylogits.processors._ops import (
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class LogitBias(LogitsProcessor):
+class LogitBias(FastPaths):
     """Add a fixed bias to chosen tokens (OpenAI's ``logit_bias``).
 
     Oracle: transformers ``SequenceBiasLogitsProcessor`` with one-token sequences

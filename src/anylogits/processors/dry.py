@@ -18,7 +18,8 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.cache import LeastRecentlyUsed
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
@@ -35,7 +36,7 @@ MAX_BREAKER_TAIL = 20
 _FLOAT_MAX_LOG = 88.7228391
 
 
-class DRY(LogitsProcessor):
+class DRY(FastPaths):
     """DRY ("don't repeat yourself"): penalize a token that would extend a repeat of an
     earlier part of the sequence, exponentially in the repeat's length.
 

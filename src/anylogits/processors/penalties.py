@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import finite_float, int_at_least, positive_float
 from anylogits.processors._ops import compute_precision, history_within, row_values
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class RepetitionPenalty(LogitsProcessor):
+class RepetitionPenalty(FastPaths):
     """CTRL repetition penalty over every token of the sequence (prompt included).
 
     A token already present has its logit divided by ``penalty`` when positive and
@@ -170,7 +171,7 @@ def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor
     return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
 
 
-class _OutputTokenPenalty(LogitsProcessor):
+class _OutputTokenPenalty(FastPaths):
     """What PresencePenalty and FrequencyPenalty share: one finite ``penalty`` per row,
     applied to generated tokens by the subclass's ``_rows`` function."""
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.fast_paths import FastPaths
 from anylogits.core.limits import check_items, check_size, check_text
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
@@ -25,7 +26,7 @@ from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
 from anylogits.processors._greedy_lexing import check_greedy_lexing
 
 
-class _Grammar(StatefulLogitsProcessor[GrammarCursor]):
+class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     """A processor whose state is a cursor on a grammar matcher's token line."""
 
     def _set_grammar(self, grammar: str, what: str) -> None:

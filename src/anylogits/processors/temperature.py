@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import LogitsProcessor, RowwiseProcessor
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.processors._checks import positive_float
 from anylogits.processors._ops import divide_rows, row_values
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class Temperature(LogitsProcessor):
+class Temperature(FastPaths):
     """Divide logits by ``temperature`` (< 1 sharpens, > 1 flattens the distribution).
 
     Oracle: transformers ``TemperatureLogitsWarper`` (identical float arithmetic).

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.processor import Candidates, LogitsProcessor, RowwiseProcessor
+from anylogits.core.fast_paths import Candidates, FastPaths, RowwiseProcessor
+from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.processors._checks import int_at_least, probability
 from anylogits.processors._ops import (
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class TopK(LogitsProcessor):
+class TopK(FastPaths):
     """Keep the ``top_k`` highest logits of each row (ties with the k-th are kept).
 
     Oracle: transformers ``TopKLogitsWarper`` (identical result).
@@ -133,7 +134,7 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
     return _TopK(kth, Candidates(kept, columns[:, :k_max], exact, descending=True))
 
 
-class TopP(LogitsProcessor):
+class TopP(FastPaths):
     """Nucleus sampling: keep the smallest set of most likely tokens whose probability
     reaches ``top_p``.
 
@@ -242,7 +243,7 @@ def _top_p(
     return keep_only(logits, logits >= lowest)
 
 
-class MinP(LogitsProcessor):
+class MinP(FastPaths):
     """Keep tokens whose probability is at least ``min_p`` times the top token's.
 
     Oracle: transformers ``MinPLogitsWarper`` (identical kept sets except for a token

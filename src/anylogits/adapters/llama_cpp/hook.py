@@ -14,8 +14,8 @@ import torch
 
 from anylogits.adapters._hook import PipelineHook
 from anylogits.core.arrays import from_torch, to_torch
+from anylogits.core.fast_paths import Candidates
 from anylogits.core.pipeline import Pipeline
-from anylogits.core.processor import Candidates
 
 
 class HookFailures:
