@@ -123,3 +123,14 @@ def test_unit_tests_do_not_import_the_conformance_suite() -> None:
                 names = [alias.name for alias in node.names]
             for name in names:
                 assert not name.startswith("conformance_tests"), f"{path.name} imports {name}"
+
+
+def test_every_path_contributing_names_exists() -> None:
+    root = Path(__file__).parents[1]
+    text = (root / "CONTRIBUTING.md").read_text()
+    paths = set(
+        re.findall(r"`((?:src|tests|conformance_tests|docs|asv_bench|tools)/[\w./*-]+)`", text)
+    )
+    assert len(paths) >= 8, paths
+    for path in sorted(paths):
+        assert list(root.glob(path)), f"CONTRIBUTING.md names {path}, which is not there"
