@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,9 @@ from anylogits import (  # noqa: E402
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
 from anylogits.testing.hostile import BAD_PAYLOADS  # noqa: E402
 from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
-from conformance_tests.server_suite import (  # noqa: E402
-    test_the_serving_pages_client_talks_to_this_server,  # noqa: F401  (run here too)
+from conformance_tests.server_suite import (  # noqa: E402, F401  (run here too)
+    test_concurrent_clients_get_what_each_gets_alone,
+    test_the_serving_pages_client_talks_to_this_server,
 )
 from conformance_tests.servers import (  # noqa: E402
     MODEL_NAME,
@@ -212,28 +212,6 @@ def test_an_unknown_type_names_the_plugins_and_how_to_add_one(
     assert "ANYLOGITS_PLUGINS modules: anylogits.testing.probes" in message, message
     assert "testing.generated_hash_bias" in message and "ban_two_back" in message, message
     assert "entry-point group 'anylogits.processors'" in message, message
-
-
-def test_concurrent_requests_keep_their_own_processors(
-    client: Any, server: Server, counting: list[int], plain: list[int]
-) -> None:
-    """Requests batched together, each with its own specs (or none), get their own output."""
-    cases: list[list[LogitsProcessor]] = [
-        [],
-        [SuppressTokens(sorted(set(plain[:4])))],
-        [NoRepeatNGram(2)],
-        [LogitBias({plain[-1]: 4.0})],
-        [],
-        [NoRepeatNGram(2)],
-    ]
-    sequential = [complete(client, server, counting, *processors) for processors in cases]
-    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
-        futures = [
-            pool.submit(complete, client, server, counting, *processors) for processors in cases
-        ]
-        concurrent = [future.result() for future in futures]
-    assert concurrent == sequential
-    assert sequential[0] == plain
 
 
 def test_chat_logit_bias_and_no_repeat(client: Any, server: Server, tokenizer: Any) -> None:
