@@ -88,8 +88,8 @@ _STRUCTURED_AVAILABLE = importlib.util.find_spec("llguidance") is not None
 
 def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     """The engine's vocabulary, with what the first structured request would otherwise
-    build inside an engine step (llguidance's tokenizer: ~1-2 s at 128k tokens; the
-    grammar checking process: ~60 ms) built too; runs in the background thread of
+    build inside an engine step (llguidance's tokenizer for the vocabulary, the grammar
+    checking process) built too; runs in the background thread of
     :class:`~anylogits.adapters.vllm_requests.PrefetchedVocabulary`."""
     vocab = engine_vocabulary(vllm_config)
     if vocab is not None and _STRUCTURED_AVAILABLE:

@@ -3,8 +3,8 @@
 transformers keeps the logits it passes to a processor when ``output_logits=True``, so
 its hook writes the result to another tensor. A fresh ``(B, V)`` tensor per token costs
 more than the write itself on a CPU: at B=32, V=128k each 16 MB allocation comes back
-from the operating system as untouched pages and faults them in again (~0.7 ms per
-token measured, against ~0.3 ms for a streaming pass over the logits). So the hook
+from the operating system as untouched pages and faults them in again, which costs about
+twice a streaming pass over the logits (measured on the benchmarks page). So the hook
 writes into one of a few buffers it keeps, and takes a buffer only when the tensor it
 last returned from it (and every view of it) is gone: transformers keeps the result
 (``output_scores=True``) or still holds it in a local variable while it asks for the

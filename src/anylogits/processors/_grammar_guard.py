@@ -113,7 +113,7 @@ class GuardedValidator:
         )
 
     def warm(self) -> None:
-        """Start the checking process now (~60 ms), so that the first structured request
+        """Start the checking process now, so that the first structured request
         does not pay for it; servers call it from a background thread at start."""
         with self._lock:
             self._running(limits().grammar_check_mb << 20)

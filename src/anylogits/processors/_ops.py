@@ -50,7 +50,8 @@ _FIXED_POINT = 2.0**40
 
 def shifted_exp(logits: torch.Tensor, maxima: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``exp(logits - maxima)`` in ``dtype``, element by element (as ``exp2`` of a
-    product: on CPU ~3x faster than ``exp``, within a few ulps of it)."""
+    product: faster than ``exp`` on CPU, within a few ulps of it; measured on the
+    benchmarks page, "Measurements behind the code")."""
     if logits.dtype != dtype:
         logits, maxima = logits.to(dtype), maxima.to(dtype)
     return (logits - maxima).mul_(_LOG2E).exp2_()
@@ -94,8 +95,9 @@ def sorted_descending(values: torch.Tensor) -> torch.Tensor:
     """Each row of ``values`` in descending order (values only, so every correct sort
     gives the same bits; NaN first, as ``torch.sort`` puts it).
 
-    On the CPU numpy's SIMD sort, when numpy is installed, is ~30x faster than
-    ``torch.sort`` for a 128k row (0.27 ms against 8 ms, one AVX-512 thread).
+    On the CPU numpy's SIMD sort is used when numpy is installed: far faster than
+    ``torch.sort`` on a long row (measured on the benchmarks page, "Measurements behind
+    the code").
     """
     numpy = _numpy()
     if numpy is None or values.shape[-1] < 1024 or not host_sync_allowed(values):
@@ -114,7 +116,7 @@ def top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     values may come in another order).
 
     On the CPU a long row is cut into chunks of 64 and ``topk`` runs only on the ``k``
-    chunks with the highest maxima (~40 µs against ~115 µs for a 128k row, one thread).
+    chunks with the highest maxima (about a third of ``topk``'s time on a 128k row).
     Exact: with ``t`` the k-th highest chunk maximum, every logit above ``t`` lies in a
     chosen chunk, and the chosen maxima are ``k`` logits at least ``t``; so the chosen
     chunks hold the top ``k`` values, and every one of their columns when the k-th value

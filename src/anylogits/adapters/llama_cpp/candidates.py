@@ -29,9 +29,9 @@ class CandidateSetSampler:
     A removed candidate had probability zero in every sampler after ours (penalties,
     grammar, truncations, temperature, ``dist``, greedy), and the kept ones keep their
     order, so the sampled token is the one the full array gives under the same seed.
-    When more are left (a ban of a few tokens), moving them would cost more than
-    llama.cpp saves (~3 ms against ~0.4 ms at 128k), so the logits are written back
-    whole, ``-inf`` where removed.
+    When more are left (a ban of a few tokens), moving them would cost several times
+    what llama.cpp saves, so the logits are written back whole, ``-inf`` where removed
+    (measured on the benchmarks page, "Measurements behind the code").
 
     When our hook is the list's only processor and its pipeline ends on a truncation's
     candidates (:meth:`~anylogits.Pipeline.compact`), the array is built from those
@@ -97,8 +97,8 @@ class CandidateSetSampler:
 
     def _logits(self, records: np.ndarray) -> torch.Tensor:
         """A contiguous copy of the candidates' logits: of llama.cpp's logits row when
-        :meth:`sampling` noted it (~4x faster than gathering the records' strided
-        column), else of the column (torch copies strided memory ~2x faster than numpy)."""
+        :meth:`sampling` noted it (faster than gathering the records' strided column),
+        else of the column (torch copies strided memory faster than numpy)."""
         if self._logits_row is not None:
             pointer = llama_cpp.llama_get_logits_ith(*self._logits_row)
             if pointer:
