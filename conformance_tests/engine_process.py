@@ -38,15 +38,16 @@ class EngineProcess:
         self.name = backend
         self.vocabulary = vocabulary  # the same tokenizer's, read in this process
         self._log = scratch / f"{backend}-engine.log"
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, backend, str(model_dir), str(scratch)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log.open("w"),
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
-        )
+        with self._log.open("w") as log:  # the child keeps its own copy of the descriptor
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, backend, str(model_dir), str(scratch)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+            )
         self._call("ready")
 
     def _call(self, method: str, **arguments: Any) -> Any:
@@ -99,6 +100,10 @@ class EngineProcess:
                 self._process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self._process.kill()
+                self._process.wait()
+        for pipe in (self._process.stdin, self._process.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
 
 
 def _serve(backend: str, model_dir: Path, scratch: Path) -> None:
