@@ -1,5 +1,6 @@
 """A toy vocabulary (with a longest-match tokenizer) and naive readings shared by
-``test_bans``, ``test_bias`` and ``test_length``."""
+``test_bans``, ``test_bias`` and ``test_length`` (``right_aligned`` by the penalty and DRY
+tests too)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ def naive_sequence_bias(
     return out
 
 
-def right_aligned(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def right_aligned(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, lengths)``: ragged rows right-aligned, padded on the left with ``pad``."""
     width = max(len(row) for row in rows)
-    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows])
+    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], dtype=torch.int64)
     return ids, torch.tensor([len(row) for row in rows])
 
 

@@ -11,7 +11,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from test_penalties import assert_spec_round_trips, right_aligned
+from sequence_fixtures import right_aligned
+from test_penalties import assert_spec_round_trips
 
 from anylogits import Pipeline, Vocabulary
 from anylogits.processors.dry import DRY, breaker_table

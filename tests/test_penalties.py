@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from sequence_fixtures import right_aligned
 
 from anylogits import Pipeline, from_spec
 from anylogits.core.batch import Batch
@@ -77,14 +78,6 @@ def run_generation(processors, prompts, outputs, logits, order=None):
     rows = [prompts[i] + outputs[i] for i in order]
     ids, lengths = right_aligned(rows)
     return pipeline(logits[order].clone(), ids, lengths=lengths)
-
-
-def right_aligned(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.int64)
-    for index, row in enumerate(rows):
-        ids[index, width - len(row) :] = torch.tensor(row)
-    return ids, torch.tensor([len(row) for row in rows])
 
 
 PROMPTS = [[1, 2, 3], [4, 4], [5, 6, 7, 8, 1]]  # no prompt is a prefix of another

@@ -27,7 +27,7 @@ import torch
 
 from anylogits.adapters.vllm_requests import SPEC_FIELD, SPEC_KEY, validate_request
 from anylogits.core.fast_paths import Candidates
-from anylogits.core.pipeline import Pipeline
+from anylogits.core.pipeline import Pipeline, end_sequences
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary
@@ -60,12 +60,15 @@ class Admitted:
 
 class RequestPipeline(Pipeline):
     """One request's processors on a server: a processor that raises ends the request's
-    sequence (only end-of-sequence allowed from then on; the error logged once) instead
-    of raising into the engine, which would fail every request it batches.
+    sequence instead of raising into the engine, which would fail every request it
+    batches. From then on only the first end-of-sequence id is allowed (as vLLM's
+    requests end, :func:`~anylogits.core.pipeline.end_sequences`); the error is logged
+    once.
 
     Args:
         processors: the request's processors.
-        vocab: the served model's vocabulary; its end-of-sequence ids end a failed request.
+        vocab: the served model's vocabulary; its first end-of-sequence id ends a failed
+            request.
         request: how the log names the request.
     """
 
@@ -75,7 +78,6 @@ class RequestPipeline(Pipeline):
         super().__init__(processors, vocab)
         self.request = request
         self.failure: str | None = None
-        self._eos = sorted(vocab.eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, token_ids: Any = None, **kwargs: Any) -> torch.Tensor:
         if self.failure is None:
@@ -104,9 +106,7 @@ class RequestPipeline(Pipeline):
         )
 
     def _ended(self, logits: torch.Tensor) -> torch.Tensor:
-        logits.fill_(float("-inf"))
-        logits[:, self._eos] = 0.0
-        return logits
+        return end_sequences(logits, self.vocab)
 
 
 def request_specs(body: Any) -> list[dict[str, Any]]:

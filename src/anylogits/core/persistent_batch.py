@@ -14,13 +14,13 @@ passes the checked specs and an :class:`OutputFeed` or a :data:`CommittedReader`
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.pipeline import end_sequences
 from anylogits.core.row_groups import GROUP_CACHE, PipelineGroups, RowGroup, brief
 from anylogits.core.slot_requests import (
     CommittedReader,
@@ -31,8 +31,6 @@ from anylogits.core.slot_requests import (
     read_committed,
 )
 from anylogits.core.vocab import Vocabulary
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["GROUP_CACHE", "CommittedReader", "OutputFeed", "PersistentBatch"]
 
@@ -300,13 +298,4 @@ class PersistentBatch:
             vocab = self.vocab
         except Exception:  # the engine's tokenizer failed to load: no EOS to force
             vocab = None
-        eos = sorted(vocab.eos_token_ids) if vocab is not None else []
-        if not eos or eos[0] >= rows.shape[1]:
-            logger.error(
-                "anylogits: the model has no EOS token to end a failed request with; its "
-                "logits are left unprocessed until it reaches max_tokens"
-            )
-            return rows
-        rows.fill_(float("-inf"))
-        rows[:, eos[0]] = 0.0
-        return rows
+        return end_sequences(rows, vocab)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.tracker import SequenceTracker
 from anylogits.core.vocab import Vocabulary
+
+logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -31,6 +34,22 @@ def flatten(processors: Iterable[LogitsProcessor | Pipeline]) -> list[LogitsProc
                 f"expected anylogits processors, got {type(processor).__qualname__} ({processor!r})"
             )
     return flat
+
+
+def end_sequences(rows: torch.Tensor, vocab: Vocabulary | None) -> torch.Tensor:
+    """``rows`` (in place) allowing only the vocabulary's first EOS id: how a request whose
+    processors failed is ended. Unchanged, with an error logged, when there is no EOS to
+    force (the engine then stops at ``max_tokens``)."""
+    eos = sorted(vocab.eos_token_ids) if vocab is not None else []
+    if not eos or eos[0] >= rows.shape[1]:
+        logger.error(
+            "anylogits: the model has no EOS token to end a failed request with; its "
+            "logits are left unprocessed until it reaches max_tokens"
+        )
+        return rows
+    rows.fill_(float("-inf"))
+    rows[:, eos[0]] = 0.0
+    return rows
 
 
 def row_local_ends(processors: Sequence[LogitsProcessor]) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from anylogits.adapters.llama_cpp.hook import (
 from anylogits.adapters.llama_cpp.vocabulary import vocabulary_of
 from anylogits.core.vocab import Vocabulary
 from anylogits.serving import Admitted, Refused, admit, error_body, with_token_ids
+
+logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -65,11 +68,17 @@ _CURRENT: contextvars.ContextVar[_Request | None] = contextvars.ContextVar(
 
 
 class _LoggedFailures(HookFailures):
-    """A server request's hook failures: logged by the request's pipeline, never raised
-    into llama-cpp-python's worker (the hook has already ended the sequence)."""
+    """A server request's hook failures, logged and never raised into llama-cpp-python's
+    worker: the hook has already ended the sequence. (The request's pipeline logs its
+    processors' own errors; what reaches here failed in the hook around it.)"""
+
+    def record(self, error: BaseException) -> None:
+        logger.error(
+            "anylogits: the llama.cpp hook failed: %r; the request's sequence is ended", error
+        )
 
     def raise_if_any(self) -> None:
-        self.error = None
+        pass
 
 
 class SpecAdmission:
