@@ -40,8 +40,8 @@ from anylogits import (
     TypicalP,
     Watermark,
 )
-from anylogits.testing.catalogue import SMALL_CHOICES, SMALL_GBNF, SMALL_REGEX, SMALL_SCHEMA
-from anylogits.testing.probes import GeneratedHashBias, ReverseRanks
+from test_support.catalogue import SMALL_CHOICES, SMALL_GBNF, SMALL_REGEX, SMALL_SCHEMA
+from test_support.probes import GeneratedHashBias, ReverseRanks
 
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # a prompt where penalties change greedy output
 

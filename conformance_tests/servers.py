@@ -28,6 +28,7 @@ import pytest
 from anylogits.engines.backends import installed
 from anylogits.engines.generation import vllm_environment
 from anylogits.testing.pytest_plugin import selected_backends
+from test_support import child_environment
 
 MODEL_NAME = "tiny"  # vLLM's served model name
 # What a request names as its model: mlx-lm's server calls the one given with --model this.
@@ -42,7 +43,7 @@ LOG_TAIL_CHARS = 6000
 # The suite's probes are unpackaged processor types: the operator's module list makes them
 # known to the server's frontend and engine alike. Installed plugins (the example
 # package's ban_two_back) need nothing at all.
-SERVER_PLUGINS = {"ANYLOGITS_PLUGINS": "anylogits.testing.probes"}
+SERVER_PLUGINS = {"ANYLOGITS_PLUGINS": "test_support.probes"}
 
 # Minimal chat template (the tiny model's tokenizer has none): "role: content" lines.
 CHAT_TEMPLATE = (
@@ -170,7 +171,7 @@ def start(backend: str, model_dir: Path, folder: Path) -> Server:
     log_path = folder / "server.log"
     port = _free_port()
     command = _command(backend, model_dir, folder, port)
-    env = {**os.environ, **SERVER_PLUGINS}
+    env = child_environment(**SERVER_PLUGINS)
     if backend == "vllm":
         env.update(vllm_environment(folder))
     with log_path.open("wb") as log:
@@ -278,7 +279,7 @@ def check_spec_message(text: str) -> str:
         input=text,
         capture_output=True,
         text=True,
-        env={**os.environ, **SERVER_PLUGINS},
+        env=child_environment(**SERVER_PLUGINS),
         check=False,
     )
     assert checked.returncode == 1, checked

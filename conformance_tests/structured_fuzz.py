@@ -74,7 +74,7 @@ def _advance(spec: dict[str, Any], vocab: Any, width: int) -> str:
 
 def _serve(connection: Connection, model_dir: str, budget: int) -> None:
     # The suite's probes (a processor that raises) test the harness itself.
-    os.environ.setdefault("ANYLOGITS_PLUGINS", "anylogits.testing.probes")
+    os.environ.setdefault("ANYLOGITS_PLUGINS", "test_support.probes")
     import transformers
 
     from anylogits.core.vocab import hf_vocabulary

@@ -31,7 +31,7 @@ import pytest
 
 from anylogits.core.processor import LogitsProcessor
 from anylogits.support import LEVELS, cell_text, render_markdown
-from anylogits.testing.catalogue import catalogue_classes
+from test_support.catalogue import catalogue_classes
 
 DIRECTORY_VARIABLE = "ANYLOGITS_SUPPORT_DIR"
 

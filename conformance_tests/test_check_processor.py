@@ -9,8 +9,8 @@ import pytest
 
 from anylogits import from_spec
 from anylogits.testing import check_processor
-from anylogits.testing.broken import BROKEN
-from anylogits.testing.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
+from test_support.broken import BROKEN
+from test_support.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
 
 
 @pytest.mark.support("hook")

@@ -47,11 +47,11 @@ from anylogits import (  # noqa: E402
     for_transformers,
 )
 from anylogits.engines.generation import NEW_TOKENS  # noqa: E402
-from anylogits.testing.probes import (  # noqa: E402
+from conformance_tests.generation_cases import COUNTING, EOS  # noqa: E402
+from test_support.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
 )
-from conformance_tests.generation_cases import COUNTING, EOS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
 

@@ -13,8 +13,8 @@ import torch
 
 from anylogits import Pipeline, from_spec
 from anylogits.core.vocab import hf_vocabulary
-from anylogits.testing.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
 from anylogits.testing.check import VOCAB_SIZE, call_sequence
+from test_support.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, build
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -32,14 +32,14 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.adapters.llama_cpp import SHRINK_BELOW, vocabulary_of  # noqa: E402
 from anylogits.engines.generation import LlamaCppEngine  # noqa: E402
-from anylogits.testing.probes import (  # noqa: E402
-    GeneratedHashBias,
-    GeneratedHashBiasRecompute,
-)
 from conformance_tests.generation_cases import (  # noqa: E402
     COUNTING,
     SMALL_CHOICES,
     SMALL_GBNF,
+)
+from test_support.probes import (  # noqa: E402
+    GeneratedHashBias,
+    GeneratedHashBiasRecompute,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]

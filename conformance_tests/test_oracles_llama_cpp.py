@@ -33,7 +33,7 @@ from anylogits import (  # noqa: E402
     TopK,
     TopP,
 )
-from anylogits.testing.native_samplers import LlamaCppSampler  # noqa: E402
+from test_support.native_samplers import LlamaCppSampler  # noqa: E402
 
 pytestmark = pytest.mark.only_backend("llama_cpp")
 

@@ -235,7 +235,7 @@ def llama_cpp() -> Any:
 
 def llama_cpp_result(sampler: Any, logits: np.ndarray, accepted: Sequence[int]) -> np.ndarray:
     """llama.cpp's sampler applied after ``llama_sampler_accept`` of ``accepted``."""
-    from anylogits.testing.native_samplers import LlamaCppSampler
+    from test_support.native_samplers import LlamaCppSampler
 
     return LlamaCppSampler(sampler, len(logits), accepted)(logits)
 

@@ -332,7 +332,7 @@ def llama_cpp_apply(make_sampler: Callable[[Any], Any], logits: np.ndarray) -> n
     """llama.cpp's sampler on one row of candidates ``(id, logit, p=0)`` in id order; the
     candidates left afterwards, by id, with removed ones ``-inf``."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from anylogits.testing.native_samplers import LlamaCppSampler
+    from test_support.native_samplers import LlamaCppSampler
 
     return LlamaCppSampler(make_sampler(llama_cpp), len(logits))(logits)
 

@@ -26,8 +26,9 @@ openai = pytest.importorskip("openai")
 
 from anylogits import JSONSchema, to_specs  # noqa: E402
 from anylogits.core.limits import limits  # noqa: E402
-from anylogits.testing.catalogue import SMALL_SCHEMA  # noqa: E402
-from anylogits.testing.hostile import (  # noqa: E402
+from conformance_tests.servers import SERVER_BACKENDS, Server  # noqa: E402
+from test_support.catalogue import SMALL_SCHEMA  # noqa: E402
+from test_support.hostile import (  # noqa: E402
     FOUND_BY_FUZZING,
     OVERSIZED,
     REQUEST_LEVEL,
@@ -35,7 +36,6 @@ from anylogits.testing.hostile import (  # noqa: E402
     largest_alternatives_grammar,
     nested,
 )
-from conformance_tests.servers import SERVER_BACKENDS, Server  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 

@@ -27,9 +27,9 @@ pytest.importorskip("transformers")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anylogits.testing.hostile import FOUND_BY_FUZZING, STRUCTURED
 from conformance_tests.structured_fuzz import FuzzWorker
 from conformance_tests.structured_strategies import SPECS
+from test_support.hostile import FOUND_BY_FUZZING, STRUCTURED
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers", "vllm")]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from anylogits.testing.catalogue import catalogue_classes
 from conformance_tests.support_matrix import cell, render
+from test_support.catalogue import catalogue_classes
 
 
 def record(processor: str, backend: str, level: str, outcome: str, reason: str = "") -> dict:

@@ -44,7 +44,6 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.engines.generation import VllmEngine  # noqa: E402
 from anylogits.engines.vllm_recording import RecordingAnyLogits  # noqa: E402
-from anylogits.testing.probes import GeneratedHashBias, RaiseAfter  # noqa: E402
 from conformance_tests.generation_cases import (  # noqa: E402
     COUNTING,
     SMALL_CHOICES,
@@ -52,6 +51,7 @@ from conformance_tests.generation_cases import (  # noqa: E402
     SMALL_REGEX,
     SMALL_SCHEMA,
 )
+from test_support.probes import GeneratedHashBias, RaiseAfter  # noqa: E402
 
 try:  # vLLM 0.32 re-raises validate_params' ValueError as this one (not a ValueError)
     from vllm.exceptions import VLLMValidationError

@@ -41,7 +41,7 @@ from anylogits.adapters.vllm import (  # noqa: E402
     for_vllm,
     vllm_processor_class,
 )
-from anylogits.testing.catalogue import PROCESSOR_SPECS, build  # noqa: E402
+from test_support.catalogue import PROCESSOR_SPECS, build  # noqa: E402
 
 pytestmark = pytest.mark.only_backend("vllm")
 

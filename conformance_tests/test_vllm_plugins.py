@@ -8,7 +8,6 @@ plugin module that fails to import stops the engine at start, naming the module.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +24,9 @@ from anylogits.engines.generation import (  # noqa: E402
     TransformersEngine,
     vllm_environment,
 )
-from anylogits.testing.probes import GeneratedHashBias  # noqa: E402
 from conformance_tests.generation_cases import COUNTING  # noqa: E402
+from test_support import child_environment  # noqa: E402
+from test_support.probes import GeneratedHashBias  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 
@@ -52,7 +52,7 @@ print("TOKENS", json.dumps([list(output.outputs[0].token_ids) for output in outp
 def run_script(
     model_dir: Path, scratch: Path, prompt: list[int], requests: list[Any], **settings: str
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **vllm_environment(scratch), **settings}
+    env = child_environment(**vllm_environment(scratch), **settings)
     arguments = [str(model_dir), json.dumps(prompt), json.dumps(requests), str(NEW_TOKENS)]
     return subprocess.run(
         [sys.executable, "-c", SCRIPT, *arguments],
@@ -78,7 +78,7 @@ def test_plugins_reach_a_spawned_engine_process(
         requests,
         VLLM_ENABLE_V1_MULTIPROCESSING="1",
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
-        ANYLOGITS_PLUGINS="anylogits.testing.probes",
+        ANYLOGITS_PLUGINS="test_support.probes",
     )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]

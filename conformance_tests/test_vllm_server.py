@@ -28,7 +28,6 @@ from anylogits import (  # noqa: E402
     vllm_xargs,
 )
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
-from anylogits.testing.hostile import BAD_PAYLOADS  # noqa: E402
 from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
 from conformance_tests.server_suite import (  # noqa: E402, F401  (run here too)
     test_concurrent_clients_get_what_each_gets_alone,
@@ -40,6 +39,7 @@ from conformance_tests.servers import (  # noqa: E402
     check_spec_message,
     load_installed_plugins,
 )
+from test_support.hostile import BAD_PAYLOADS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 
@@ -209,7 +209,7 @@ def test_an_unknown_type_names_the_plugins_and_how_to_add_one(
             extra_body={"vllm_xargs": {"anylogits": '[{"type": "no_such_processor"}]'}},
         )
     message = raised.value.body.get("message", "")
-    assert "ANYLOGITS_PLUGINS modules: anylogits.testing.probes" in message, message
+    assert "ANYLOGITS_PLUGINS modules: test_support.probes" in message, message
     assert "testing.generated_hash_bias" in message and "ban_two_back" in message, message
     assert "entry-point group 'anylogits.processors'" in message, message
 

@@ -22,9 +22,9 @@ openai = pytest.importorskip("openai")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from anylogits.testing.hostile import STRUCTURED  # noqa: E402
 from conformance_tests.servers import MODEL_NAME, Server  # noqa: E402
 from conformance_tests.structured_strategies import json_schemas  # noqa: E402
+from test_support.hostile import STRUCTURED  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]
 

@@ -3,6 +3,10 @@ specs), against a naive per-row reading of its docstring."""
 
 from __future__ import annotations
 
+import doctest
+import math
+
+import phrase_fixtures as phrases
 import pytest
 import torch
 from sequence_fixtures import (
@@ -13,8 +17,10 @@ from sequence_fixtures import (
     right_aligned,
 )
 
+import anylogits.processors.bias as bias_module
 from anylogits import Pipeline
 from anylogits.processors import (
+    CiteFromPrompt,
     SequenceBias,
 )
 
@@ -86,3 +92,77 @@ EXAMPLES = [
 @pytest.mark.parametrize("processor", EXAMPLES, ids=repr)
 def test_spec_round_trips_through_json_and_behaves_the_same(processor) -> None:
     assert_round_trips_and_behaves_the_same(processor)
+
+
+# --------------------------------------------------------------------------------------
+# CiteFromPrompt: a phrase processor (the phrase vocabulary and sequence harness)
+# --------------------------------------------------------------------------------------
+
+CITE_EXAMPLES = [
+    CiteFromPrompt(1.5, conditional_boost_factor=2.0),
+    CiteFromPrompt(-1.0, boost_eos=False, eos_token_id=1),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: CiteFromPrompt(conditional_boost_factor=math.inf), "conditional_boost_factor"),
+        (lambda: CiteFromPrompt(boost_eos="yes"), "boost_eos must be True or False, got 'yes'"),
+    ],
+)
+def test_cite_from_prompt_bad_arguments_raise_value_errors_naming_the_value(
+    build, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_cite_from_prompt_rejects_an_eos_id_outside_the_vocabulary_at_bind_time() -> None:
+    outside = phrases.V + 1
+    with pytest.raises(ValueError, match=f"eos_token_id holds token id {outside}"):
+        Pipeline([CiteFromPrompt(eos_token_id=[outside])], phrases.VOCAB)
+
+
+def test_cite_from_prompt_without_a_known_eos_explains_the_fix() -> None:
+    with pytest.raises(ValueError, match="does not know the EOS id"):
+        Pipeline([CiteFromPrompt()])(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0]]))
+
+
+@pytest.mark.parametrize("processor", CITE_EXAMPLES, ids=repr)
+def test_cite_from_prompt_specs_round_trip_through_json(processor: CiteFromPrompt) -> None:
+    assert processor.spec_name == "cite_from_prompt"
+    phrases.assert_spec_round_trips_through_json(processor)
+
+
+def test_bias_doctests_pass() -> None:
+    result = doctest.testmod(bias_module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_cite_from_prompt_boosts_each_rows_prompt_and_what_follows_the_last_token() -> None:
+    pipeline = Pipeline([CiteFromPrompt(1.0, conditional_boost_factor=10.0)], phrases.VOCAB)
+    ids = torch.tensor([[0, 4, 5, 4, 6], [7, 8, 9, 8, 7]])
+    out = pipeline(torch.zeros(2, phrases.V), ids)
+    assert phrases.only_boosted(out[0]) == {4: 1.0, 5: 1.0, 6: 1.0, 0: 1.0, phrases.EOS: 1.0}
+    assert phrases.only_boosted(out[1]) == {7: 1.0, 8: 1.0, 9: 1.0, phrases.EOS: 1.0}
+    out = pipeline(torch.zeros(2, phrases.V), torch.cat([ids, torch.tensor([[4], [22]])], 1))
+    # Row 0 generated 4, which the prompt follows with 5 and 6; 22 is not in row 1's prompt.
+    assert phrases.only_boosted(out[0]) == {4: 1.0, 5: 11.0, 6: 11.0, 0: 1.0, phrases.EOS: 1.0}
+    assert phrases.only_boosted(out[1]) == {7: 1.0, 8: 1.0, 9: 1.0, phrases.EOS: 1.0}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("processor", CITE_EXAMPLES, ids=repr)
+def test_cite_from_prompt_rows_that_move_fork_and_join_match_each_sequence_run_alone(
+    processor: CiteFromPrompt, seed: int
+) -> None:
+    phrases.assert_rows_match_each_sequence_run_alone(processor, seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("processor", CITE_EXAMPLES, ids=repr)
+def test_cite_from_prompt_sequences_resumed_after_skipped_calls_match_step_by_step(
+    processor: CiteFromPrompt, seed: int
+) -> None:
+    phrases.assert_resumed_sequences_match_step_by_step(processor, seed)

@@ -31,7 +31,7 @@ from anylogits.processors.adaptive_truncation import (
 from anylogits.processors.penalties import RepetitionPenalty
 from anylogits.processors.temperature import Temperature
 from anylogits.processors.truncation import MinP, TopK, TopP
-from anylogits.testing.host_reads import HostReads, TorchCalls
+from test_support.host_reads import HostReads, TorchCalls
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 

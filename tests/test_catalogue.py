@@ -9,7 +9,7 @@ import json
 import pytest
 
 import anylogits
-from anylogits.testing.catalogue import (
+from test_support.catalogue import (
     PROCESSOR_SPECS,
     VOCABULARY_SPECS,
     catalogue_classes,
@@ -35,7 +35,7 @@ def test_documented_with_args_and_an_example(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
 def test_conformance_spec_round_trips_through_json(name: str) -> None:
     spec = PROCESSOR_SPECS.get(name) or VOCABULARY_SPECS.get(name)
-    assert spec is not None, f"src/anylogits/testing/catalogue.py has no {name} spec"
+    assert spec is not None, f"test_support/catalogue.py has no {name} spec"
     processor = anylogits.from_spec(spec)
     assert type(processor) is getattr(anylogits, CATALOGUE[name])
     wire = json.loads(json.dumps(processor.to_spec()))

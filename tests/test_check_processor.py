@@ -10,9 +10,9 @@ import torch
 
 from anylogits import LogitsProcessor, RepetitionPenalty, Temperature
 from anylogits.testing import check_processor
-from anylogits.testing.broken import BROKEN, IgnoresRows, KeysStateByRow, MutatesState
-from anylogits.testing.catalogue import PROCESSOR_SPECS, build
 from anylogits.testing.check import SCENARIOS, _check_core, _copier, record_scenarios
+from test_support.broken import BROKEN, IgnoresRows, KeysStateByRow, MutatesState
+from test_support.catalogue import PROCESSOR_SPECS, build
 
 
 @pytest.mark.parametrize("name", sorted(PROCESSOR_SPECS))

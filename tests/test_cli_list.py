@@ -18,7 +18,8 @@ from anylogits.cli.listing import NOT_IN_MATRIX, catalogue_entries
 from anylogits.core.registry import registered_processors
 from anylogits.core.specs import constructor_parameters
 from anylogits.support import packaged_support_matrix, render_markdown
-from anylogits.testing.catalogue import catalogue_classes
+from test_support import child_environment
+from test_support.catalogue import catalogue_classes
 
 ROOT = Path(__file__).parents[1]
 MATRIX_PAGE = ROOT / "docs" / "support-matrix.md"
@@ -100,11 +101,11 @@ def test_list_refuses_a_backend_outside_the_matrix() -> None:
 
 @pytest.mark.parametrize("how", ["module", "entry point"])
 def test_plugin_types_are_listed_as_not_in_the_matrix(how: str, tmp_path: Path) -> None:
-    env = {**os.environ}
+    env = child_environment()
     env.pop("ANYLOGITS_PLUGINS", None)
     if how == "module":
-        env["ANYLOGITS_PLUGINS"] = "anylogits.testing.probes"
-        name, origin = "testing.reverse_ranks", "anylogits.testing.probes"
+        env["ANYLOGITS_PLUGINS"] = "test_support.probes"
+        name, origin = "testing.reverse_ranks", "test_support.probes"
     else:
         install_distribution(tmp_path, {"demo_bias": "anylogits_demo_plugin:DemoBias"})
         env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])

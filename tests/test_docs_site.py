@@ -14,7 +14,7 @@ import anylogits
 from anylogits.adapters.from_transformers import TransformersProcessor
 from anylogits.core.registry import registered_type
 from anylogits.core.specs import constructor_parameters
-from anylogits.testing.catalogue import catalogue_classes
+from test_support.catalogue import catalogue_classes
 
 DOCS = Path(__file__).parents[1] / "docs"
 # Blocks that load a model or talk to a server; the backends' sessions run

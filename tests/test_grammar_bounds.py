@@ -20,7 +20,7 @@ from anylogits.processors._grammar_bounds import (
     check_schema,
     regex_cost,
 )
-from anylogits.testing.hostile import STRUCTURED
+from test_support.hostile import STRUCTURED
 
 MASKBENCH = Path(__file__).parents[1] / "conformance_tests" / "data" / "maskbench-sample"
 

@@ -33,8 +33,8 @@ from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.processors import watermark as watermark_module
 from anylogits.processors._greenlist import GreenlistCache
 from anylogits.processors.dry import _dense_ranks
-from anylogits.testing.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, catalogue_classes
-from anylogits.testing.host_reads import HostReads
+from test_support.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, catalogue_classes
+from test_support.host_reads import HostReads
 
 # ---------------------------------------------------------------------------------------
 # Counting host reads

@@ -110,19 +110,34 @@ def test_core_has_no_import_loop() -> None:
         visit(module, ())
 
 
-def test_unit_tests_do_not_import_the_conformance_suite() -> None:
-    """``tests/`` runs without any backend and stands alone (``nox -s tests``)."""
+def _imported_modules(path: Path) -> list[str]:
+    """Every module ``path`` imports, wherever the import sits."""
     import ast
 
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+def test_unit_tests_do_not_import_the_conformance_suite() -> None:
+    """``tests/`` runs without any backend and stands alone (``nox -s tests``)."""
     for path in sorted(Path(__file__).parent.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            for name in names:
-                assert not name.startswith("conformance_tests"), f"{path.name} imports {name}"
+        for name in _imported_modules(path):
+            assert not name.startswith("conformance_tests"), f"{path.name} imports {name}"
+
+
+def test_the_package_never_imports_the_test_fixtures() -> None:
+    """``test_support`` does not ship: a shipped module importing it breaks on install."""
+    package = Path(anylogits.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        for name in _imported_modules(path):
+            assert name.split(".")[0] not in {"test_support", "tests", "conformance_tests"}, (
+                f"{path.relative_to(package)} imports {name}"
+            )
 
 
 def test_every_path_contributing_names_exists() -> None:

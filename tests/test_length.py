@@ -4,6 +4,10 @@ naive per-row reading of each docstring."""
 
 from __future__ import annotations
 
+import doctest
+import math
+
+import phrase_fixtures as phrases
 import pytest
 import torch
 from sequence_fixtures import (
@@ -17,9 +21,11 @@ from sequence_fixtures import (
     run_stop_strings,
 )
 
+import anylogits.processors.length as length_module
 from anylogits import Pipeline, Vocabulary
 from anylogits.processors import (
     ExponentialDecayLength,
+    GenLength,
     StopStrings,
 )
 
@@ -189,3 +195,99 @@ def test_spec_round_trips_through_json_and_behaves_the_same(processor) -> None:
 
 def test_a_single_stop_string_is_one_stop() -> None:
     assert StopStrings("ab").config() == {"stop_strings": ["ab"], "eos_token_id": None}
+
+
+# --------------------------------------------------------------------------------------
+# GenLength: a phrase processor (the phrase vocabulary and sequence harness)
+# --------------------------------------------------------------------------------------
+
+GEN_LENGTH_EXAMPLES = [
+    GenLength(0.5),
+    GenLength(-0.25, p=1, complete_sentences=True, boost_token="<end>"),
+    GenLength(1.0, boost_token=phrases.END),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: GenLength(math.nan), "boost_factor must be finite, got nan"),
+        (lambda: GenLength("1"), "boost_factor must be a number, got '1'"),
+        (lambda: GenLength(1.0, p=-1), "p must be >= 0, got -1"),
+        (lambda: GenLength(1.0, p=1.5), "p must be an integer, got 1.5"),
+        (lambda: GenLength(1.0, boost_token=""), "boost_token must be a token id or a non-empty"),
+        (lambda: GenLength(1.0, complete_sentences=None), "complete_sentences must be True or"),
+    ],
+)
+def test_gen_length_bad_arguments_raise_value_errors_naming_the_value(build, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_gen_length_rejects_a_boost_token_of_several_tokens_at_bind_time() -> None:
+    with pytest.raises(ValueError, match="boost_token 'x z' must be one token"):
+        Pipeline([GenLength(1.0, boost_token="x z")], phrases.VOCAB)
+
+
+def test_gen_length_without_a_known_eos_explains_the_fix() -> None:
+    with pytest.raises(ValueError, match="does not know the EOS id"):
+        Pipeline([GenLength(1.0)])(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0]]))
+
+
+@pytest.mark.parametrize("processor", GEN_LENGTH_EXAMPLES, ids=repr)
+def test_gen_length_specs_round_trip_through_json(processor: GenLength) -> None:
+    assert processor.spec_name == "gen_length"
+    phrases.assert_spec_round_trips_through_json(processor)
+
+
+def test_length_doctests_pass() -> None:
+    result = doctest.testmod(length_module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_gen_length_boost_grows_per_row_and_stops_after_the_boosted_token() -> None:
+    pipeline = Pipeline([GenLength(0.5, p=2)], phrases.VOCAB)
+    # Prompts of lengths 2 and 1; 15 and 4 generated tokens; the third row generated EOS.
+    prompts = [[16, 17], [16], [16]]
+    ids = torch.zeros(3, 17, dtype=torch.int64)
+    pipeline(
+        torch.zeros(3, phrases.V),
+        torch.tensor([[16, 17], [0, 16], [0, 16]]),
+        lengths=torch.tensor([2, 1, 1]),
+    )
+    rows = [prompts[0] + [22] * 15, prompts[1] + [22] * 4, prompts[2] + [phrases.EOS, 22, 22]]
+    for row, tokens in enumerate(rows):
+        ids[row, 17 - len(tokens) :] = torch.tensor(tokens)
+    lengths = torch.tensor([len(tokens) for tokens in rows])
+    out = pipeline(torch.zeros(3, phrases.V), ids, lengths=lengths)
+    expected = [0.5 * 15**2 / 100, 0.5 * 4**2 / 100, 0.0]
+    assert out[:, phrases.EOS].tolist() == pytest.approx(expected, rel=1e-6)
+    out[:, phrases.EOS] = 0.0
+    assert torch.equal(out, torch.zeros(3, phrases.V))
+
+
+def test_gen_length_complete_sentences_boosts_only_after_a_sentence_end() -> None:
+    pipeline = Pipeline(
+        [GenLength(1.0, p=1, complete_sentences=True, boost_token="<end>")], phrases.VOCAB
+    )
+    pipeline(torch.zeros(2, phrases.V), torch.tensor([[16, 17]] * 2))
+    # Probe sentences "It is a sentence." / "It is a new line\n" end in "." and "\n".
+    ids = torch.tensor([[16, 17, 22, phrases.DOT], [16, 17, phrases.DOT, 22]])
+    out = pipeline(torch.zeros(2, phrases.V), ids)
+    assert out[:, phrases.END].tolist() == pytest.approx([0.2, 0.0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("processor", GEN_LENGTH_EXAMPLES, ids=repr)
+def test_gen_length_rows_that_move_fork_and_join_match_each_sequence_run_alone(
+    processor: GenLength, seed: int
+) -> None:
+    phrases.assert_rows_match_each_sequence_run_alone(processor, seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("processor", GEN_LENGTH_EXAMPLES, ids=repr)
+def test_gen_length_sequences_resumed_after_skipped_calls_match_step_by_step(
+    processor: GenLength, seed: int
+) -> None:
+    phrases.assert_resumed_sequences_match_step_by_step(processor, seed)

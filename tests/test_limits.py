@@ -32,13 +32,13 @@ from anylogits.core.limits import (
     override,
     set_limits,
 )
-from anylogits.testing.catalogue import (
+from test_support.catalogue import (
     PROCESSOR_SPECS,
     VOCABULARY_SPECS,
     catalogue_classes,
 )
-from anylogits.testing.hostile import NOT_SIZES, OVERSIZED, REQUEST_LEVEL
-from anylogits.testing.probes import RaiseAfter
+from test_support.hostile import NOT_SIZES, OVERSIZED, REQUEST_LEVEL
+from test_support.probes import RaiseAfter
 
 README = Path(__file__).parents[1] / "README.md"
 STRUCTURED = {"regex", "json_schema", "choice", "grammar"}
@@ -91,7 +91,7 @@ def test_every_list_dict_or_text_field_of_the_catalogue_has_an_oversized_case() 
     pytest.importorskip("llguidance")
     covered = {tuple(case.split(".")[:2]) for case in OVERSIZED}
     missing = sorted(_size_fields() - covered - NOT_SIZES)
-    assert not missing, f"no oversized case in src/anylogits/testing/hostile.py for {missing}"
+    assert not missing, f"no oversized case in test_support/hostile.py for {missing}"
 
 
 @pytest.mark.parametrize("case", sorted(REQUEST_LEVEL))

@@ -21,7 +21,7 @@ from anylogits import (
     Vocabulary,
 )
 from anylogits.core.batch import Batch
-from anylogits.testing.host_reads import TorchCalls
+from test_support.host_reads import TorchCalls
 
 INF = math.inf
 

@@ -24,7 +24,7 @@ from anylogits.serving import (
     request_specs,
     with_token_ids,
 )
-from anylogits.testing.probes import RaiseAfter
+from test_support.probes import RaiseAfter
 
 EOS = 7
 VOCAB = anylogits.Vocabulary(tuple(bytes([65 + i]) for i in range(8)), frozenset({EOS}))

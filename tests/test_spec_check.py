@@ -13,8 +13,8 @@ import pytest
 
 from anylogits.adapters.vllm_requests import validate_request
 from anylogits.cli.check_spec import SpecCheck, check_request
-from anylogits.testing.catalogue import PROCESSOR_SPECS
-from anylogits.testing.hostile import BAD_PAYLOADS, OVERSIZED, REQUEST_LEVEL
+from test_support.catalogue import PROCESSOR_SPECS
+from test_support.hostile import BAD_PAYLOADS, OVERSIZED, REQUEST_LEVEL
 
 VALID = [{"type": "top_k", "top_k": 5}, {"type": "suppress_tokens", "token_ids": [3]}]
 

@@ -7,7 +7,7 @@ import torch
 
 from anylogits import MinNewTokens, Pipeline
 from anylogits.core.tracker import SequenceTracker
-from anylogits.testing.probes import (
+from test_support.probes import (
     GeneratedHashBias,
     GeneratedHashBiasRecompute,
     generated_hash,

@@ -26,7 +26,7 @@ from anylogits import (
 )
 from anylogits.adapters.vllm_requests import PrefetchedVocabulary, VllmRequests, request_specs
 from anylogits.core.persistent_batch import GROUP_CACHE
-from anylogits.testing.probes import GeneratedHashBias
+from test_support.probes import GeneratedHashBias
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))
 

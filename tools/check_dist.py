@@ -4,7 +4,8 @@
 
 Fails (exit 1), naming each offending member, when a wheel or sdist holds a test suite,
 a cache or bytecode, or lacks a file the installed package needs (``nox -s build`` runs
-it). ``anylogits/testing/`` is public API (the conformance helpers) and ships.
+it). ``anylogits/testing/`` is public API (``check_processor``, the tiny model, the pytest
+plugin) and ships; the repository's ``test_support`` fixtures never do.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ FORBIDDEN_FOLDERS = frozenset(
     {
         "tests",
         "conformance_tests",
+        "test_support",
         "asv_bench",
         "__pycache__",
         ".nox",

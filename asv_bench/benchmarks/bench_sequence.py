@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from anylogits import LogitsProcessor, NoRepeatNGram, Pipeline, RepetitionPenalty
-from anylogits.testing.probes import GeneratedHashBias
+from test_support.probes import GeneratedHashBias
 
 from .common import best_times, history, peaked_logits
 

@@ -66,7 +66,7 @@ def _transformers(name: str) -> Oracle:
 def _llama_cpp(name: str) -> Oracle:
     import llama_cpp
 
-    from anylogits.testing.native_samplers import LlamaCppSampler
+    from test_support.native_samplers import LlamaCppSampler
 
     makers: dict[str, Callable[[int], Any]] = {
         "temperature": lambda vocab: llama_cpp.llama_sampler_init_temp(0.7),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import anylogits.testing.probes  # noqa: F401  (registers the probe processors' specs)
+import test_support.probes  # noqa: F401  (registers the probe processors' specs)
 from anylogits import LogitsProcessor, from_spec
 
 # Small constraints every engine must apply alike (and the hook-level JSON case).

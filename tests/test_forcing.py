@@ -1,72 +1,43 @@
-"""Phrase processors without an oracle (logits-processor-zoo's are compared in
-conformance_tests/test_oracles_phrases.py): validation, specs, doctests, what each one
-forces or boosts, and sequences that move between rows, fork, join, skip calls or come
-back through an engine's draft tokens."""
+"""anylogits.processors.forcing without an oracle (logits-processor-zoo's are compared in
+conformance_tests/test_oracles_forcing.py): ForceSequence, TriggerPhrase, ForceLastPhrase and
+MultipleChoice. Validation, specs, doctests, what each one forces or boosts, and sequences
+that move between rows, fork, join, skip calls or come back through an engine's draft
+tokens."""
 
 from __future__ import annotations
 
 import doctest
-import json
 import math
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
+from phrase_fixtures import (
+    COLON,
+    DOT,
+    END,
+    EOS,
+    ID,
+    NEG_INF,
+    TOKENS,
+    VOCAB,
+    V,
+    assert_resumed_sequences_match_step_by_step,
+    assert_rows_match_each_sequence_run_alone,
+    assert_spec_round_trips_through_json,
+    encode,
+    only,
+)
 
-import anylogits.processors.bias as bias_module
 import anylogits.processors.forcing as forcing_module
-import anylogits.processors.length as length_module
 from anylogits import Pipeline, Vocabulary, from_spec, to_specs
 from anylogits.adapters.vllm_requests import VllmRequests
 from anylogits.core.processor import LogitsProcessor
 from anylogits.processors import (
-    CiteFromPrompt,
     ForceLastPhrase,
     ForceSequence,
-    GenLength,
     MultipleChoice,
     TriggerPhrase,
 )
-
-NEG_INF = -math.inf
-TOKENS = (
-    b"<s>", b"</s>", b"\n", b".", b"A", b"B", b"C", b"D", b" yes", b" no", b"An", b"swer",
-    b":", b" Thanks", b"!", b"er:\n", b"It", b" is", b" a", b" sentence", b" new", b" line",
-    b"x", b"y", b" z", b"<end>",
-)  # fmt: skip
-EOS, NEWLINE, DOT, COLON, END = 1, 2, 3, 12, 25
-ID = {token.decode(): index for index, token in enumerate(TOKENS)}
-
-
-def encode(text: str) -> list[int]:
-    """Greedy longest match over the non-special tokens (enough for these tests)."""
-    data, ids = text.encode(), []
-    while data:
-        match = max(
-            (i for i, t in enumerate(TOKENS) if i > 1 and data.startswith(t)),
-            key=lambda i: len(TOKENS[i]),
-        )
-        ids.append(match)
-        data = data[len(TOKENS[match]) :]
-    return ids
-
-
-VOCAB = Vocabulary(
-    tokens=TOKENS,
-    eos_token_ids=frozenset({EOS}),
-    special_token_ids=frozenset({0, 1}),
-    bos_token_id=0,
-    encode=encode,
-)
-V = len(TOKENS)
-
-
-def only(logits: torch.Tensor) -> list[int]:
-    """The finite columns of a 1-D row."""
-    return torch.isfinite(logits).nonzero().flatten().tolist()
-
 
 # --------------------------------------------------------------------------------------
 # Validation, specs, doctests
@@ -85,14 +56,6 @@ def only(logits: torch.Tensor) -> list[int]:
         (lambda: TriggerPhrase([1], [3], trigger_count=0), "trigger_count must be >= 1, got 0"),
         (lambda: TriggerPhrase(".", "x", trigger_after="yes"), "trigger_after must be True or"),
         (lambda: ForceLastPhrase([1], eos_token_id=True), "eos_token_id must be a list of"),
-        (lambda: GenLength(math.nan), "boost_factor must be finite, got nan"),
-        (lambda: GenLength("1"), "boost_factor must be a number, got '1'"),
-        (lambda: GenLength(1.0, p=-1), "p must be >= 0, got -1"),
-        (lambda: GenLength(1.0, p=1.5), "p must be an integer, got 1.5"),
-        (lambda: GenLength(1.0, boost_token=""), "boost_token must be a token id or a non-empty"),
-        (lambda: GenLength(1.0, complete_sentences=None), "complete_sentences must be True or"),
-        (lambda: CiteFromPrompt(conditional_boost_factor=math.inf), "conditional_boost_factor"),
-        (lambda: CiteFromPrompt(boost_eos="yes"), "boost_eos must be True or False, got 'yes'"),
         (lambda: MultipleChoice([]), "choices must hold at least one label"),
         (lambda: MultipleChoice("ABC"), "choices must be a list of labels, got 'ABC'"),
         (lambda: MultipleChoice(["A", 1.5]), r"choices\[1\] must be a token id or a non-empty"),
@@ -114,13 +77,11 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
         (TriggerPhrase([1], [V]), VOCAB, f"phrase holds token id {V}, but the vocabulary has"),
         (MultipleChoice(["A", "A"]), VOCAB, r"two choices are the same token: \[4, 4\]"),
         (MultipleChoice([4, 5], boost_first_words=1.0), None, "finds newline tokens"),
-        (GenLength(1.0, boost_token="x z"), VOCAB, "boost_token 'x z' must be one token"),
         (
             ForceLastPhrase([3]),
             Vocabulary(tokens=TOKENS),
             "ForceLastPhrase: the vocabulary has no EOS id; pass eos_token_id",
         ),
-        (CiteFromPrompt(eos_token_id=[V + 1]), VOCAB, f"eos_token_id holds token id {V + 1}"),
     ],
 )
 def test_bind_rejects_what_the_vocabulary_cannot_serve(
@@ -130,14 +91,9 @@ def test_bind_rejects_what_the_vocabulary_cannot_serve(
         Pipeline([processor], vocab)
 
 
-@pytest.mark.parametrize(
-    "processor",
-    [ForceLastPhrase([3]), GenLength(1.0), CiteFromPrompt()],
-    ids=lambda p: type(p).__name__,
-)
-def test_a_missing_eos_is_explained_when_it_is_needed(processor: LogitsProcessor) -> None:
+def test_a_missing_eos_is_explained_when_it_is_needed() -> None:
     with pytest.raises(ValueError, match="does not know the EOS id"):
-        Pipeline([processor])(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0]]))
+        Pipeline([ForceLastPhrase([3])])(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0]]))
 
 
 def test_a_leading_prefix_space_token_is_tolerated_in_one_token_text() -> None:
@@ -155,11 +111,6 @@ EXAMPLES = [
     TriggerPhrase([10, 11], [22], trigger_after=True),
     ForceLastPhrase(" Thanks!"),
     ForceLastPhrase([22, 23], eos_token_id=[1, 25], strict=False),
-    GenLength(0.5),
-    GenLength(-0.25, p=1, complete_sentences=True, boost_token="<end>"),
-    GenLength(1.0, boost_token=END),
-    CiteFromPrompt(1.5, conditional_boost_factor=2.0),
-    CiteFromPrompt(-1.0, boost_eos=False, eos_token_id=1),
     MultipleChoice(["A", "B", "C"], boost_first_words=0.5),
     MultipleChoice([4, 5], delimiter=COLON, strict=False),
     MultipleChoice(),  # its default labels are not in VOCAB: specs only
@@ -168,12 +119,7 @@ EXAMPLES = [
 
 @pytest.mark.parametrize("processor", EXAMPLES, ids=repr)
 def test_specs_round_trip_through_json(processor: LogitsProcessor) -> None:
-    spec = json.loads(json.dumps(processor.to_spec()))
-    assert spec["type"] == processor.spec_name
-    rebuilt = from_spec(spec)
-    assert type(rebuilt) is type(processor)
-    assert rebuilt.config() == processor.config()
-    assert to_specs([rebuilt]) == [spec]
+    assert_spec_round_trips_through_json(processor)
 
 
 def test_spec_names() -> None:
@@ -182,8 +128,6 @@ def test_spec_names() -> None:
         "ForceSequence": "force_sequence",
         "TriggerPhrase": "trigger_phrase",
         "ForceLastPhrase": "force_last_phrase",
-        "GenLength": "gen_length",
-        "CiteFromPrompt": "cite_from_prompt",
         "MultipleChoice": "multiple_choice",
     }
 
@@ -194,11 +138,8 @@ def test_a_bad_spec_names_the_field() -> None:
 
 
 def test_doctests_pass() -> None:
-    # The phrase processors live in three modules: forcing, length (GenLength) and bias
-    # (CiteFromPrompt).
-    for module in (forcing_module, length_module, bias_module):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0, module.__name__
+    result = doctest.testmod(forcing_module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 # --------------------------------------------------------------------------------------
@@ -296,52 +237,6 @@ def test_force_last_phrase_does_not_start_on_a_first_token_the_model_chose() -> 
     assert torch.equal(out, torch.zeros(1, V))
 
 
-def test_gen_length_boost_grows_per_row_and_stops_after_the_boosted_token() -> None:
-    pipeline = Pipeline([GenLength(0.5, p=2)], VOCAB)
-    # Prompts of lengths 2 and 1; 15 and 4 generated tokens; the third row generated EOS.
-    prompts = [[16, 17], [16], [16]]
-    ids = torch.zeros(3, 17, dtype=torch.int64)
-    pipeline(
-        torch.zeros(3, V),
-        torch.tensor([[16, 17], [0, 16], [0, 16]]),
-        lengths=torch.tensor([2, 1, 1]),
-    )
-    rows = [prompts[0] + [22] * 15, prompts[1] + [22] * 4, prompts[2] + [EOS, 22, 22]]
-    for row, tokens in enumerate(rows):
-        ids[row, 17 - len(tokens) :] = torch.tensor(tokens)
-    lengths = torch.tensor([len(tokens) for tokens in rows])
-    out = pipeline(torch.zeros(3, V), ids, lengths=lengths)
-    expected = [0.5 * 15**2 / 100, 0.5 * 4**2 / 100, 0.0]
-    assert out[:, EOS].tolist() == pytest.approx(expected, rel=1e-6)
-    out[:, EOS] = 0.0
-    assert torch.equal(out, torch.zeros(3, V))
-
-
-def test_gen_length_complete_sentences_boosts_only_after_a_sentence_end() -> None:
-    pipeline = Pipeline([GenLength(1.0, p=1, complete_sentences=True, boost_token="<end>")], VOCAB)
-    pipeline(torch.zeros(2, V), torch.tensor([[16, 17]] * 2))
-    # Probe sentences "It is a sentence." / "It is a new line\n" end in "." and "\n".
-    ids = torch.tensor([[16, 17, 22, DOT], [16, 17, DOT, 22]])
-    out = pipeline(torch.zeros(2, V), ids)
-    assert out[:, END].tolist() == pytest.approx([0.2, 0.0])
-
-
-def test_cite_from_prompt_boosts_each_rows_prompt_and_what_follows_the_last_token() -> None:
-    pipeline = Pipeline([CiteFromPrompt(1.0, conditional_boost_factor=10.0)], VOCAB)
-    ids = torch.tensor([[0, 4, 5, 4, 6], [7, 8, 9, 8, 7]])
-    out = pipeline(torch.zeros(2, V), ids)
-    assert only_boosted(out[0]) == {4: 1.0, 5: 1.0, 6: 1.0, 0: 1.0, EOS: 1.0}
-    assert only_boosted(out[1]) == {7: 1.0, 8: 1.0, 9: 1.0, EOS: 1.0}
-    out = pipeline(torch.zeros(2, V), torch.cat([ids, torch.tensor([[4], [22]])], 1))
-    # Row 0 generated 4, which the prompt follows with 5 and 6; 22 is not in row 1's prompt.
-    assert only_boosted(out[0]) == {4: 1.0, 5: 11.0, 6: 11.0, 0: 1.0, EOS: 1.0}
-    assert only_boosted(out[1]) == {7: 1.0, 8: 1.0, 9: 1.0, EOS: 1.0}
-
-
-def only_boosted(row: torch.Tensor) -> dict[int, float]:
-    return {i: row[i].item() for i in row.nonzero().flatten().tolist()}
-
-
 def test_multiple_choice_boosts_labels_by_their_first_words_found_in_order() -> None:
     prompt = encode("x\nA. yes\nC. a\nB. no\nC. z\n")
     pipeline = Pipeline([MultipleChoice(["A", "B", "C"], boost_first_words=0.5)], VOCAB)
@@ -360,131 +255,13 @@ def test_multiple_choice_boosts_labels_by_their_first_words_found_in_order() -> 
 # Sequences, not rows: moves, forks, joins, resumption, engine drafts
 # --------------------------------------------------------------------------------------
 
-INTERESTING = (EOS, NEWLINE, DOT, COLON, 4, 5, 6, 10, 11, END)
-# Likely next tokens, so that multi-token triggers ("An" "swer" ":") get written.
-FOLLOWERS = {10: 11, 11: COLON, 16: 17}
-
-
-def model_logits(seed: int, prefix: list[int]) -> torch.Tensor:
-    """What a model gives after ``prefix``: a function of the tokens alone (so beams and
-    resumed sequences get the same logits), random, with spikes on the tokens the
-    processors react to."""
-    generator = torch.Generator().manual_seed(hash((seed, *prefix)) % 2**63)
-    logits = torch.randn(V, generator=generator, dtype=torch.float64) * 2
-    spikes = torch.rand(len(INTERESTING), generator=generator) < 0.3
-    logits[torch.tensor(INTERESTING)[spikes]] += 6.0
-    if prefix and prefix[-1] in FOLLOWERS:
-        logits[FOLLOWERS[prefix[-1]]] += 9.0
-    return logits.float()
-
-
-@dataclass
-class Sequence:
-    prompt: list[int]
-    start: int  # the call at which its first step runs
-    steps: int = 8
-    parent: int | None = None  # a fork: the sequence it copies up to its split
-    split: int = 0  # a fork: its first step as a row of its own, where it takes another token
-
-
-def reference_run(
-    factory: Callable[[], LogitsProcessor], sequences: list[Sequence], seed: int
-) -> tuple[list[list[torch.Tensor]], list[list[int]]]:
-    """Each sequence alone in a fresh pipeline: outputs and token history per step."""
-    outputs, histories = [], []
-    for sequence in sequences:
-        pipeline = Pipeline([factory()], VOCAB)
-        history, outs = list(sequence.prompt), []
-        for step in range(sequence.steps):
-            logits = model_logits(seed, history)
-            out = pipeline(logits[None].clone(), torch.tensor([history]))[0]
-            outs.append(out)
-            token = int(out.argmax())
-            if sequence.parent is not None and step == sequence.split:
-                token = (token + 1) % V  # the fork takes another token than its parent
-            history.append(token)
-        outputs.append(outs)
-        histories.append(history)
-    return outputs, histories
-
-
-def batched_run(
-    factory: Callable[[], LogitsProcessor],
-    sequences: list[Sequence],
-    histories: list[list[int]],
-    seed: int,
-    skip: Callable[[int], bool] = lambda step: False,
-) -> dict[tuple[int, int], torch.Tensor]:
-    """All sequences in one pipeline, rows shuffled at every call; a fork appears as a
-    copy of its parent's row at its split. No row runs the steps ``skip`` names."""
-    pipeline = Pipeline([factory()], VOCAB)
-    shuffle = random.Random(seed)
-    results = {}
-    for call in range(max(s.start + s.steps for s in sequences)):
-        rows = [
-            (index, call - sequence.start)
-            for index, sequence in enumerate(sequences)
-            if sequence.split <= call - sequence.start < sequence.steps
-            and not skip(call - sequence.start)
-        ]
-        if not rows:
-            continue
-        shuffle.shuffle(rows)
-        prefixes = [histories[index][: len(sequences[index].prompt) + step] for index, step in rows]
-        width = max(len(p) for p in prefixes)
-        ids = torch.zeros(len(rows), width, dtype=torch.int64)
-        for row, prefix in enumerate(prefixes):
-            ids[row, width - len(prefix) :] = torch.tensor(prefix)
-        logits = torch.stack([model_logits(seed, prefix) for prefix in prefixes])
-        out = pipeline(logits, ids, lengths=torch.tensor([len(p) for p in prefixes]))
-        for row, key in enumerate(rows):
-            results[key] = out[row]
-    return results
-
-
-def family(seed: int) -> list[Sequence]:
-    """Three roots of different prompt lengths (one is a multiple-choice question, one
-    joins two calls late) and two forks (beams) splitting off at different steps."""
-    rng = random.Random(seed)
-    question = encode("x\nA. yes\nC. a\nB. no\nC. z\n")
-    short = [rng.randrange(2, V) for _ in range(rng.randint(1, 5))]
-    late = [rng.randrange(2, V) for _ in range(rng.randint(1, 5))]
-    return [
-        Sequence(question, start=0),
-        Sequence(short, start=0),
-        Sequence(late, start=2),
-        Sequence(question, start=0, parent=0, split=3),
-        Sequence(short, start=0, parent=1, split=rng.randint(1, 6)),
-    ]
-
-
-def _factory(processor: LogitsProcessor) -> Callable[[], LogitsProcessor]:
-    return lambda: from_spec(processor.to_spec())
-
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("processor", EXAMPLES[:-1], ids=repr)
 def test_shuffled_forked_and_joining_rows_match_each_sequence_run_alone(
     processor: LogitsProcessor, seed: int
 ) -> None:
-    factory = _factory(processor)
-    sequences = family(seed)
-    reference, histories = reference_run(factory, sequences, seed)
-    for fork in sequences[3:]:  # the reference forks share their parent's prefix
-        assert fork.parent is not None
-        split = len(fork.prompt) + fork.split
-        assert histories[sequences.index(fork)][:split] == histories[fork.parent][:split]
-        assert histories[sequences.index(fork)][split] != histories[fork.parent][split]
-    batched = batched_run(factory, sequences, histories, seed)
-    assert len(batched) == sum(s.steps - s.split for s in sequences)
-    for (index, step), out in batched.items():
-        assert torch.equal(out, reference[index][step]), (index, step)
-    assert any(
-        not torch.equal(
-            out, model_logits(seed, histories[index][: len(sequences[index].prompt) + step])
-        )
-        for (index, step), out in batched.items()
-    )
+    assert_rows_match_each_sequence_run_alone(processor, seed)
 
 
 TOKEN_DERIVED = [
@@ -501,14 +278,7 @@ TOKEN_DERIVED = [
 def test_sequences_resumed_after_skipped_calls_match_step_by_step(
     processor: LogitsProcessor, seed: int
 ) -> None:
-    factory = _factory(processor)
-    sequences = family(seed)[:3]
-    reference, histories = reference_run(factory, sequences, seed)
-    # Steps 2..4 of every sequence get no call: the next call brings 3 new tokens at once.
-    batched = batched_run(factory, sequences, histories, seed, skip=lambda step: 2 <= step <= 4)
-    assert len(batched) == sum(s.steps - 3 for s in sequences)
-    for (index, step), out in batched.items():
-        assert torch.equal(out, reference[index][step]), (index, step)
+    assert_resumed_sequences_match_step_by_step(processor, seed)
 
 
 def test_a_replacing_trigger_resumes_a_phrase_it_started_after_skipped_calls() -> None:

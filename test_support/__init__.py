@@ -1,0 +1,33 @@
+"""What anylogits' own tests, conformance suite and benchmarks are built from; not shipped.
+
+* :mod:`~test_support.catalogue`: a spec of every catalogue processor, and
+  :mod:`~test_support.hostile`: oversized and malformed specs a server must refuse.
+* :mod:`~test_support.probes`: processors that make tracking and truncation mistakes
+  visible (``GeneratedHashBias``, ``ReverseRanks``, ...); child processes load them as
+  ``ANYLOGITS_PLUGINS=test_support.probes`` with the repository root on ``PYTHONPATH``.
+* :mod:`~test_support.broken`: processors :func:`anylogits.testing.check_processor` must fail.
+* :mod:`~test_support.native_samplers`: the backends' own sampling code, callable on plain
+  arrays, to compare the catalogue with.
+* :mod:`~test_support.host_reads`: ``HostReads``, a counter of operations that read
+  tensor values on the host (each stalls a GPU stream), for the host-sync tests.
+
+pytest finds this package through ``pythonpath = ["."]`` (pyproject.toml); the benchmarks
+through ``asv_bench/benchmarks/__init__.py``. The public testing API is
+:mod:`anylogits.testing`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_environment(**settings: str) -> dict[str, str]:
+    """This process's environment plus ``settings``, with the repository root first on
+    ``PYTHONPATH``: a child process (a server, an engine, the command line) then imports
+    ``test_support`` as pytest's ``pythonpath`` lets this process."""
+    inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    search_path = os.pathsep.join([str(REPOSITORY_ROOT), *inherited])
+    return {**os.environ, "PYTHONPATH": search_path, **settings}
