@@ -1,7 +1,10 @@
 """What the oracle comparisons share: the dtypes they draw, their hypothesis settings,
-and the bit-for-bit check that names the first cells that differ."""
+histories as engines pass them, and the bit-for-bit check that names the first cells that
+differ."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from hypothesis import HealthCheck, settings
@@ -36,3 +39,14 @@ def assert_identical(logits: torch.Tensor, ours: torch.Tensor, oracle: torch.Ten
         (r, c, logits[r, c].item(), ours[r, c].item(), oracle[r, c].item()) for r, c in where
     ]
     raise AssertionError(f"ours != oracle at (row, col, input, ours, oracle): {details}")
+
+
+def right_aligned(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, L)`` history, each row in its last columns (padding 0 on the left), and the
+    rows' lengths."""
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.int64)
+    for index, row in enumerate(rows):
+        if row:
+            ids[index, width - len(row) :] = torch.tensor(row)
+    return ids, torch.tensor([len(row) for row in rows])

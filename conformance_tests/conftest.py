@@ -21,8 +21,10 @@ from anylogits.testing.pytest_plugin import (  # noqa: F401  (the plugin's hooks
     pytest_generate_tests,
     selected_backends,
 )
+from conformance_tests.llama_cpp_rows import llama_cpp  # noqa: F401  (the oracles' fixtures)
 from conformance_tests.servers import client, server, server_backend, servers  # noqa: F401
 from conformance_tests.support_matrix import DIRECTORY_VARIABLE, SupportRecorder
+from conformance_tests.zoo_peer import peer, zoo  # noqa: F401
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,7 +1,7 @@
-"""PresencePenalty, FrequencyPenalty and DRY against the backends' own implementations,
-on identical inputs. Each backend is imported by the tests that use it, so the file runs
-(and skips the rest) under any interpreter: vLLM lives in its own environment, e.g.
-``/tmp/vllmenv/bin/python -m pytest conformance_tests/test_oracles_penalties.py``.
+"""anylogits.processors.penalties (RepetitionPenalty, PresencePenalty, FrequencyPenalty)
+against each library's own implementation, on identical inputs (DRY:
+``test_oracles_dry``). Each engine library is imported by the tests that use it; the
+conformance sessions all have transformers, the common reference.
 
 Ours always runs the way an adapter runs it: ``Pipeline`` called first with the prompts,
 then with prompt + generated tokens (right-aligned, ragged rows padded on the left), so
@@ -36,51 +36,67 @@ Oracles and the differences found:
   (a weakly typed scalar) before subtracting, so bfloat16 / float16 logits agree when
   the penalty is representable in that dtype. mlx-lm's ``generate_step`` passes prompt +
   generated tokens to processors, so its window (default 20) includes prompt tokens.
-* DRY: llama.cpp's ``dry`` sampler (``llama_sampler_init_dry(vocab, multiplier, base,
-  allowed_length, last_n, breakers, n)``) with the real llama-bpe vocabulary
-  (``ggml-vocab-llama-bpe.gguf`` loaded with ``vocab_only=True``), fed the whole
-  history. Identical on float32 logits for default,
-  empty and multi-token sequence breakers, windows and long loops. This llama.cpp
-  version has no ``-1`` window (negative is clamped to 0, i.e. disabled), so ours with
-  ``penalty_last_n=-1`` is compared with ``last_n = len(history)``.
+* transformers ``RepetitionPenaltyLogitsProcessor`` on hypothesis-drawn pairs (see
+  ``transformers_cases``): bit-identical. Found by the property tests, fixed, and pinned:
+  history ids beyond the logits width.
+* llama.cpp's repetition penalty counts only the last ``penalty_last_n`` tokens it was
+  told about with ``llama_sampler_accept``, and llama-cpp-python accepts only generated
+  tokens, never the prompt; ours counts the prompt too (transformers' semantics), the
+  whole history by default and the last ``context_size`` tokens with it. Equal when
+  every history token is accepted and ``context_size == penalty_last_n``.
 """
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from collections.abc import Callable, Sequence
 
-from anylogits import LogitsProcessor, Pipeline
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+from anylogits import LogitsProcessor, Pipeline, RepetitionPenalty
 from anylogits.core.batch import Batch
-from anylogits.processors import (
-    DRY,
-    FrequencyPenalty,
-    PresencePenalty,
+from anylogits.processors import FrequencyPenalty, PresencePenalty
+from conformance_tests.comparisons import (
+    DTYPES,
+    assert_identical,
+    dtype_id,
+    oracle_settings,
+    right_aligned,
 )
-from conformance_tests.comparisons import DTYPES, assert_identical, oracle_settings
+from conformance_tests.llama_cpp_rows import (
+    LLAMA_VOCAB,
+    SEEDS,
+    llama_cpp_apply,
+    llama_cpp_result,
+    ours_row,
+    random_row,
+)
+from conformance_tests.oracle_draws import Draw
+from conformance_tests.transformers_cases import SETTINGS as TABLE_SETTINGS
+from conformance_tests.transformers_cases import (
+    Case,
+    CaseBuilder,
+    FixedExample,
+    assert_changes_logits,
+    assert_matches,
+    assert_matches_at_vocab_32000,
+    one_step,
+)
 
 PRESENCE_AND_FREQUENCY = ("presence_penalty", "frequency_penalty")  # support-matrix names
+
+
 SETTINGS = oracle_settings(50)
-
-
-def right_aligned(rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(B, L)`` history, each row in its last columns (padding 0 on the left)."""
-    width = max(len(row) for row in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.int64)
-    for index, row in enumerate(rows):
-        if row:
-            ids[index, width - len(row) :] = torch.tensor(row)
-    return ids, torch.tensor([len(row) for row in rows])
 
 
 def ours_after_generation(
@@ -121,6 +137,76 @@ def penalty_strategy(dtype: torch.dtype) -> st.SearchStrategy[float]:
         # A 1/64 grid: vLLM's float32 `penalty * count` is then exact (see module doc).
         return st.integers(16, 128).map(lambda k: k / 64)
     return st.floats(0.25, 2.0, width=32)
+
+
+def case_repetition_penalty(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
+    penalty = draw.float(0.05, 5.0, specials=(1.0, 1.2, 1.5, 2.0, 0.5, 0.8))
+    # Sometimes a small id range, so the history repeats tokens (duplicate scatter ids).
+    id_high = draw.choice((None, 3, 10))
+    _, steps = one_step(draw, dtype, vocab, id_high)
+    return Case(RepetitionPenalty(penalty), RepetitionPenaltyLogitsProcessor(penalty), steps)
+
+
+CASES: dict[str, CaseBuilder] = {
+    "RepetitionPenalty": case_repetition_penalty,
+}
+
+
+FIXED_EXAMPLES = {
+    "RepetitionPenalty": FixedExample(
+        RepetitionPenalty(2.0),
+        RepetitionPenaltyLogitsProcessor(2.0),
+        [[2.0, -2.0, 2.0]],
+        [[0, 1, 1]],
+        [[1.0, -4.0, 2.0]],
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------
+# transformers
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.support("oracle", backend="transformers")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", list(CASES))
+@TABLE_SETTINGS
+@given(data=st.data())
+def test_matches_transformers_oracle(name: str, dtype: torch.dtype, data: st.DataObject) -> None:
+    assert_matches(CASES[name], dtype, data)
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_transformers_oracle_at_vocab_32000(name: str, dtype: torch.dtype) -> None:
+    assert_matches_at_vocab_32000(CASES[name], name, dtype)
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.parametrize("name", list(CASES))
+def test_changes_logits_on_generated_inputs(name: str) -> None:
+    assert_changes_logits(CASES[name], name)
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.parametrize("name", list(FIXED_EXAMPLES))
+def test_fixed_example_changes_logits(name: str) -> None:
+    FIXED_EXAMPLES[name].check()
+
+
+# Divergences found by the property tests, fixed, and pinned here.
+
+
+@pytest.mark.only_backend("transformers")
+def test_history_ids_beyond_logits_width() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    ids = torch.tensor([[0, 5, 0, 5]])
+    expected = RepetitionPenaltyLogitsProcessor(2.0)(ids, x.clone())  # [[0.5, 2, 3]]
+    assert not torch.equal(expected, x)
+    assert torch.equal(Pipeline([RepetitionPenalty(2.0)])(x.clone(), ids), expected)
 
 
 # --------------------------------------------------------------------------------------
@@ -225,20 +311,6 @@ def test_vllm_and_ours_leave_prompt_tokens_alone(
 # llama.cpp
 # --------------------------------------------------------------------------------------
 
-LLAMA_VOCAB = 2_000
-
-
-@pytest.fixture(scope="module")
-def llama_cpp() -> Any:
-    return pytest.importorskip("llama_cpp")
-
-
-def llama_cpp_result(sampler: Any, logits: np.ndarray, accepted: Sequence[int]) -> np.ndarray:
-    """llama.cpp's sampler applied after ``llama_sampler_accept`` of ``accepted``."""
-    from test_support.native_samplers import LlamaCppSampler
-
-    return LlamaCppSampler(sampler, len(logits), accepted)(logits)
-
 
 def one_row(
     processor: LogitsProcessor, logits: np.ndarray, prompt: list[int], output: list[int]
@@ -310,127 +382,52 @@ def test_llama_cpp_window_and_prompt_are_known_differences(llama_cpp: Any) -> No
     np.testing.assert_array_equal(ours[8:10], windowed[8:10])
 
 
-# DRY on a real vocabulary: what llama.cpp reads its sequence breakers from.
-
-
-@pytest.fixture(scope="module")
-def llama_bpe(llama_cpp: Any) -> tuple[Any, Any]:
-    """A vocabulary-only llama.cpp model of llama-bpe and our Vocabulary of it."""
-    from anylogits.adapters.llama_cpp import vocabulary_of
-    from anylogits.testing.tiny_model import vocab_gguf_path
-
-    model = llama_cpp.Llama(
-        model_path=str(vocab_gguf_path("llama-bpe")), vocab_only=True, verbose=False
-    )
-    return model, vocabulary_of(model)
-
-
-def llama_cpp_dry(
-    llama_cpp: Any,
-    model: Any,
-    logits: np.ndarray,
-    history: Sequence[int],
-    dry: DRY,
-) -> np.ndarray:
-    breakers = [b.encode("utf-8") for b in dry.sequence_breakers]
-    array = (ctypes.c_char_p * len(breakers))(*breakers)
-    last_n = dry.penalty_last_n if dry.penalty_last_n >= 0 else len(history)
-    sampler = llama_cpp.llama_sampler_init_dry(
-        model._model.vocab,
-        dry.multiplier,
-        dry.base,
-        dry.allowed_length,
-        last_n,
-        array,
-        len(breakers),
-    )
-    return llama_cpp_result(sampler, logits, history)
-
-
-BREAKER_SETS = (
-    ("\n", ":", '"', "*"),
-    (),
-    ("\n\n###", "User:", " the"),  # multi-token: tokens ending in "\n", "User", " t", ...
-    ("cat sat",),
-)
-DRY_TEXT = b'User: the cat sat on the mat:\n\n### "the cat" *sat*\n\nUser: on the mat'
-
-
-@pytest.mark.support("oracle", processor="dry", backend="llama_cpp")
-@pytest.mark.only_backend("llama_cpp")
-@settings(SETTINGS, max_examples=30)
-@given(data=st.data())
-def test_dry_matches_llama_cpp(
-    llama_cpp: Any, llama_bpe: tuple[Any, Any], data: st.DataObject
-) -> None:
-    """Several histories in one batch (ours), each against its own llama.cpp sampler."""
-    draw = data.draw
-    model, vocab = llama_bpe
-    pool = sorted(set(model.tokenize(DRY_TEXT, add_bos=False)))
-    generator = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    dry = DRY(
-        multiplier=draw(st.floats(0.05, 3.0)),
-        base=draw(st.sampled_from([1.0, 1.1, 1.75, 3.0, 300.0])),  # 300: exponent cap
-        allowed_length=draw(st.integers(0, 4)),
-        sequence_breakers=draw(st.sampled_from(BREAKER_SETS)),
-        penalty_last_n=draw(st.sampled_from([-1, 0, 1, 7, 40])),
-    )
-    histories = []
-    for _ in range(draw(st.integers(1, 3))):
-        used = pool[: int(generator.integers(2, len(pool) + 1))]
-        history = generator.choice(used, int(generator.integers(1, 40))).tolist()
-        if draw(st.booleans()):  # a loop, the case DRY is for
-            segment = generator.choice(used, int(generator.integers(1, 10))).tolist()
-            history += segment * int(generator.integers(2, 30))
-            history = history[: len(history) - int(generator.integers(0, len(segment)))]
-        histories.append([int(token) for token in history])
-    logits = (generator.standard_normal((len(histories), vocab.size)) * 3).astype(np.float32)
-
-    ids, lengths = right_aligned(histories)
-    ours = Pipeline([dry], vocab)(torch.from_numpy(logits.copy()), ids, lengths=lengths)
-    for row, history in enumerate(histories):
-        expected = llama_cpp_dry(llama_cpp, model, logits[row], history, dry)
-        np.testing.assert_array_equal(ours[row].numpy(), expected)
+def _history(seed: int, length: int) -> list[int]:
+    generator = np.random.default_rng(seed + 100)
+    return generator.integers(0, 50, length).tolist()  # few ids: they repeat
 
 
 @pytest.mark.only_backend("llama_cpp")
-@pytest.mark.parametrize("breakers", BREAKER_SETS)
-def test_dry_changes_the_logits_like_llama_cpp(
-    llama_cpp: Any, llama_bpe: tuple[Any, Any], breakers: tuple[str, ...]
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="llama_cpp")
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("penalty", [1.3, 0.8])
+def test_repetition_penalty_matches_llama_cpp_when_the_window_covers_the_history(
+    seed: int, penalty: float
 ) -> None:
-    model, vocab = llama_bpe
-    history = model.tokenize(b"one two three four five " * 4 + b"one two", add_bos=False)
-    logits = np.random.default_rng(1).standard_normal(vocab.size).astype(np.float32)
-    dry = DRY(0.8, sequence_breakers=breakers)
-    expected = llama_cpp_dry(llama_cpp, model, logits, history, dry)
-    assert (expected < logits).sum() >= 1
-    ours = Pipeline([dry], vocab)(torch.from_numpy(logits.copy())[None], torch.tensor([history]))
-    np.testing.assert_array_equal(ours[0].numpy(), expected)
+    logits = random_row(seed)
+    logits[:50:7] = 0.0  # llama.cpp tests `<= 0`, transformers `< 0`: same at zero
+    history = _history(seed, 40)
+    expected = llama_cpp_apply(
+        lambda lib: lib.llama_sampler_init_penalties(LLAMA_VOCAB, len(history), penalty, 0.0, 0.0),
+        logits,
+        history,
+    )
+    assert not np.array_equal(expected, logits)
+    np.testing.assert_allclose(
+        ours_row(RepetitionPenalty(penalty), logits, history), expected, rtol=1e-6
+    )
 
 
 @pytest.mark.only_backend("llama_cpp")
-def test_dry_breakers_stop_repeats_like_llama_cpp(
-    llama_cpp: Any, llama_bpe: tuple[Any, Any]
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="llama_cpp")
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("last_n", [1, 5, 17])
+def test_repetition_penalty_context_size_matches_llama_cpp_penalty_last_n(
+    seed: int, last_n: int
 ) -> None:
-    """The same loop, split by a newline breaker: no repeat reaches across it."""
-    model, vocab = llama_bpe
-    line = b"the cat sat on the mat\n"
-    history = model.tokenize(line * 3 + b"the cat", add_bos=False)
-    logits = np.random.default_rng(2).standard_normal(vocab.size).astype(np.float32)
-    with_breakers = DRY(0.8)
-    without = DRY(0.8, sequence_breakers=())
-    native_with = llama_cpp_dry(llama_cpp, model, logits, history, with_breakers)
-    native_without = llama_cpp_dry(llama_cpp, model, logits, history, without)
-    sat = model.tokenize(b" sat", add_bos=False)[0]
-    # "the cat" -> " sat" repeats 2 tokens either way; without breakers the repeat reaches
-    # back through the previous lines and the penalty grows.
-    assert native_with[sat] < logits[sat]
-    assert native_without[sat] < native_with[sat]
-    for dry, expected in ((with_breakers, native_with), (without, native_without)):
-        ours = Pipeline([dry], vocab)(
-            torch.from_numpy(logits.copy())[None], torch.tensor([history])
-        )
-        np.testing.assert_array_equal(ours[0].numpy(), expected)
+    logits = random_row(seed)
+    logits[:50:7] = 0.0
+    history = _history(seed, 40)
+    expected = llama_cpp_apply(
+        lambda lib: lib.llama_sampler_init_penalties(LLAMA_VOCAB, last_n, 1.5, 0.0, 0.0),
+        logits,
+        history,
+    )
+    whole = ours_row(RepetitionPenalty(1.5), logits, history)
+    assert not np.array_equal(expected, whole), "the window made no difference"
+    np.testing.assert_allclose(
+        ours_row(RepetitionPenalty(1.5, context_size=last_n), logits, history), expected, rtol=1e-6
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ min_p, repetition_penalty, logit_bias, min_tokens, stop, and structured_outputs 
 its llguidance backend).
 
 vLLM's ``presence_penalty``, ``frequency_penalty`` and ``bad_words`` are compared with
-ours function by function in ``test_oracles_penalties`` / ``test_oracles_sequences``.
+ours function by function in ``test_oracles_penalties`` / ``test_oracles_bans``.
 Speculative decoding is not run here: vLLM's V1 runner refuses custom logits processors
 with it (one engine per session keeps this fast).
 """

@@ -1,6 +1,6 @@
 """DRY (anylogits.processors.dry) without a backend: validation, specs, and DRY against a
 direct transcription of its definition on ragged batches (the llama.cpp comparison is in
-conformance_tests/test_oracles_penalties.py).
+conformance_tests/test_oracles_dry.py).
 """
 
 from __future__ import annotations

@@ -149,3 +149,14 @@ def test_every_path_contributing_names_exists() -> None:
     assert len(paths) >= 8, paths
     for path in sorted(paths):
         assert list(root.glob(path)), f"CONTRIBUTING.md names {path}, which is not there"
+
+
+def test_every_oracle_file_is_named_after_a_processor_module() -> None:
+    """The oracle tests are filed by the code they test: ``test_oracles_<module>.py`` holds
+    every library's oracle of ``anylogits.processors.<module>``."""
+    processors = Path(anylogits.__file__).parent / "processors"
+    oracles = sorted((Path(__file__).parents[1] / "conformance_tests").glob("test_oracles_*.py"))
+    assert len(oracles) >= 10
+    for path in oracles:
+        module = path.stem.removeprefix("test_oracles_")
+        assert (processors / f"{module}.py").is_file(), f"{path.name} names no processor module"

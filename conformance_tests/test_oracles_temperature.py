@@ -1,0 +1,103 @@
+"""anylogits.processors.temperature against each library's own: transformers'
+``TemperatureLogitsWarper`` (hypothesis-drawn pairs, see ``transformers_cases``) and
+llama.cpp's ``temp`` sampler (float32 rows, within float32 rounding: it multiplies by
+``1 / t``, ours divides)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("hypothesis")
+
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers.generation.logits_process import TemperatureLogitsWarper
+
+from anylogits import Temperature
+from conformance_tests.comparisons import DTYPES, dtype_id
+from conformance_tests.llama_cpp_rows import SEEDS, llama_cpp_apply, ours_row, random_row
+from conformance_tests.oracle_draws import Draw
+from conformance_tests.transformers_cases import SETTINGS as TABLE_SETTINGS
+from conformance_tests.transformers_cases import (
+    Case,
+    CaseBuilder,
+    FixedExample,
+    assert_changes_logits,
+    assert_matches,
+    assert_matches_at_vocab_32000,
+    one_step,
+)
+
+
+def case_temperature(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
+    t = draw.float(0.05, 5.0, specials=(1.0, 0.5, 0.7, 2.0, 1.3, 0.1))
+    _, steps = one_step(draw, dtype, vocab)
+    return Case(Temperature(t), TemperatureLogitsWarper(t), steps)
+
+
+CASES: dict[str, CaseBuilder] = {
+    "Temperature": case_temperature,
+}
+
+
+FIXED_EXAMPLES = {
+    "Temperature": FixedExample(
+        Temperature(2.0),
+        TemperatureLogitsWarper(2.0),
+        [[2.0, -4.0, 1.0]],
+        [[0]],
+        [[1.0, -2.0, 0.5]],
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------
+# transformers
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.support("oracle", backend="transformers")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", list(CASES))
+@TABLE_SETTINGS
+@given(data=st.data())
+def test_matches_transformers_oracle(name: str, dtype: torch.dtype, data: st.DataObject) -> None:
+    assert_matches(CASES[name], dtype, data)
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_transformers_oracle_at_vocab_32000(name: str, dtype: torch.dtype) -> None:
+    assert_matches_at_vocab_32000(CASES[name], name, dtype)
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.parametrize("name", list(CASES))
+def test_changes_logits_on_generated_inputs(name: str) -> None:
+    assert_changes_logits(CASES[name], name)
+
+
+@pytest.mark.only_backend("transformers")
+@pytest.mark.parametrize("name", list(FIXED_EXAMPLES))
+def test_fixed_example_changes_logits(name: str) -> None:
+    FIXED_EXAMPLES[name].check()
+
+
+# --------------------------------------------------------------------------------------
+# llama.cpp
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.only_backend("llama_cpp")
+@pytest.mark.support("oracle", processor="temperature", backend="llama_cpp")
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("t", [0.3, 0.7, 1.5])
+def test_temperature_matches_llama_cpp(seed: int, t: float) -> None:
+    logits = random_row(seed)
+    expected = llama_cpp_apply(lambda lib: lib.llama_sampler_init_temp(t), logits)
+    np.testing.assert_allclose(ours_row(Temperature(t), logits), expected, rtol=1e-6)
