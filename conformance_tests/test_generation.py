@@ -5,6 +5,8 @@ same weights.
 - every catalogue processor (``CROSS_ENGINE_CASES``) gives transformers' greedy tokens;
   on transformers itself the reference is a plain step-by-step loop through ``Pipeline``,
   independent of ``generate``'s hook wiring;
+- every job of ``native_jobs`` gives the tokens of the engine's own parameters for it
+  (greedy, or drawn with the same seed), where the engine has them;
 - structured outputs are valid: drawn schemas and regexes, batch 1 and 8, greedy and
   sampled, every finished output validates and every cut one is a valid prefix.
 
@@ -22,11 +24,18 @@ from hypothesis import strategies as st
 
 from anylogits import JSONSchema, LogitsProcessor, Regex
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
+from anylogits.engines.native import NoNative
 from conformance_tests.generation_cases import (
     COUNTING,
     CROSS_ENGINE_CASES,
     WITHOUT_THE_PROCESSOR,
     check_watermark_detected,
+)
+from conformance_tests.native_jobs import (
+    NATIVE_JOBS,
+    NATIVE_RUNS,
+    SAMPLED_TOKENS,
+    in_engine_order,
 )
 from conformance_tests.structured_cases import (
     BATCHES,
@@ -83,6 +92,47 @@ def test_processors_give_the_same_tokens_as_on_transformers(
     assert ours != plain, f"{case} did not change {backend.name}'s output"
     assert ours == expected
     check_watermark_detected(case, ours, plain)
+
+
+# -- the engines' own parameters: one job, every engine -----------------------------------
+
+
+@pytest.mark.support("oracle")
+@pytest.mark.parametrize(("case", "seed"), NATIVE_RUNS)
+def test_processors_give_the_tokens_of_the_engines_own_parameters(
+    backend: Any,
+    engine: GenerationEngine,
+    case: str,
+    seed: int | None,
+    request: pytest.FixtureRequest,
+) -> None:
+    native_job = NATIVE_JOBS[case]
+    prompt = engine.encode(COUNTING)
+    plain = engine.greedy(prompt)
+    job = native_job.job(plain)
+    try:
+        native = (
+            engine.native(prompt, job, SAMPLED_TOKENS, seed)
+            if seed is not None
+            else engine.native(prompt, job, NEW_TOKENS)
+        )
+    except NoNative as missing:
+        pytest.skip(str(missing))
+    if backend.name in native_job.known_differences:
+        reason = native_job.known_differences[backend.name]
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    ours_processors = in_engine_order(job, backend.name) + native_job.extra(plain)
+    baseline = native_job.baseline(plain) if native_job.baseline else []
+    if seed is None:
+        unprocessed = engine.greedy(prompt, baseline) if baseline else plain
+        ours = engine.greedy(prompt, ours_processors)
+    else:
+        unprocessed = engine.sampled(prompt, baseline, SAMPLED_TOKENS, seed)
+        ours = engine.sampled(prompt, ours_processors, SAMPLED_TOKENS, seed)
+    assert native != unprocessed, f"{case}: {backend.name}'s own {sorted(job)} changed nothing"
+    assert ours == native
+    if native_job.holds:
+        native_job.holds(ours, unprocessed)
 
 
 # -- structured generation: every output valid, batch 1 and 8, greedy and sampled ---------

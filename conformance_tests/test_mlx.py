@@ -1,14 +1,13 @@
 """MLX (mlx-lm) on the tiny model's HF folder, which mlx-lm loads directly: bf16;
-speculative decoding; BatchGenerator; every generate API; mlx-lm's own processors and
-samplers as oracles (generation against transformers is in ``test_generation``)."""
+speculative decoding; BatchGenerator; every generate API (generation against transformers
+and mlx-lm's own parameters is in ``test_generation``, mlx-lm's processors and samplers on
+arrays in the ``test_oracles_<module>`` files)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,25 +16,14 @@ mlx_lm = pytest.importorskip("mlx_lm")
 transformers = pytest.importorskip("transformers")
 
 from mlx_lm.generate import batch_generate, stream_generate  # noqa: E402
-from mlx_lm.sample_utils import (  # noqa: E402
-    apply_min_p,
-    apply_top_k,
-    apply_top_p,
-    make_logits_processors,
-    make_sampler,
-)
 
 from anylogits import (  # noqa: E402
     LogitBias,
     LogitsProcessor,
     MinNewTokens,
-    MinP,
     Pipeline,
     RepetitionPenalty,
     SuppressTokens,
-    Temperature,
-    TopK,
-    TopP,
     for_mlx,
 )
 from anylogits.adapters.mlx import MlxLogitsProcessor  # noqa: E402
@@ -209,112 +197,3 @@ def test_batch_generator_rows_keep_their_own_state(loaded: Any) -> None:
         logits_processors=for_mlx(GeneratedHashBias(12.0), tokenizer=tokenizer),
     )
     assert [list(ids)[:8] for ids in result.token_ids] == singles
-
-
-# -- oracles: mlx-lm's own processors and sampling filters --------------------------------
-
-
-VOCAB = 2_000
-
-
-def _logits(seed: int, vocab: int = VOCAB) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal((1, vocab)) * 3).astype(np.float32)
-
-
-def ours(processor: Any, logits: np.ndarray, history: list[int]) -> np.ndarray:
-    result = Pipeline([processor])(torch.from_numpy(logits.copy()), torch.tensor([history]))
-    return result.numpy()
-
-
-@pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-def test_repetition_penalty_matches_make_logits_processors(seed: int) -> None:
-    logits = _logits(seed)
-    history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
-    # mlx-lm penalizes the last `repetition_context_size` tokens: cover the whole history.
-    (native,) = make_logits_processors(repetition_penalty=1.3, repetition_context_size=30)
-    expected = np.array(native(mx.array(history), mx.array(logits)))
-    assert not np.array_equal(expected, logits)
-    np.testing.assert_allclose(ours(RepetitionPenalty(1.3), logits, history), expected, rtol=1e-6)
-
-
-@pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("context_size", [1, 4, 20])
-def test_repetition_penalty_context_size_matches_repetition_context_size(
-    seed: int, context_size: int
-) -> None:
-    logits = _logits(seed)
-    history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
-    (native,) = make_logits_processors(repetition_penalty=1.3, repetition_context_size=context_size)
-    expected = np.array(native(mx.array(history), mx.array(logits)))
-    assert not np.array_equal(expected, ours(RepetitionPenalty(1.3), logits, history))
-    np.testing.assert_allclose(
-        ours(RepetitionPenalty(1.3, context_size=context_size), logits, history),
-        expected,
-        rtol=1e-6,
-    )
-
-
-@pytest.mark.support("oracle", processor="logit_bias", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-def test_logit_bias_matches_make_logits_processors(seed: int) -> None:
-    logits = _logits(seed)
-    bias = {3: 2.5, 77: -4.0, 1999: 1.0}
-    (native,) = make_logits_processors(logit_bias=bias)
-    expected = np.array(native(mx.array([1, 2]), mx.array(logits)))
-    np.testing.assert_allclose(ours(LogitBias(bias), logits, [1, 2]), expected, rtol=1e-6)
-
-
-def _logprobs(logits: np.ndarray) -> Any:
-    native = mx.array(logits)
-    return native - mx.logsumexp(native, axis=-1, keepdims=True)
-
-
-def _kept(masked: np.ndarray) -> set[int]:
-    return set(np.flatnonzero(np.isfinite(masked[0])).tolist())
-
-
-@pytest.mark.support("oracle", processor="temperature", backend="mlx")
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.8])
-def test_temperature_draws_the_same_tokens_as_make_sampler(seed: int, temperature: float) -> None:
-    """mlx-lm scales inside its sampler (``logprobs * (1 / temp)``); ours scales first and
-    the sampler runs at temperature 1. With the same random state the draws agree."""
-    logprobs = np.array(_logprobs(np.concatenate([_logits(seed + row) for row in range(64)])))
-
-    def draws(sampler: Any, rows: np.ndarray) -> list[int]:
-        mx.random.seed(seed)
-        return np.array(sampler(mx.array(rows))).tolist()
-
-    unscaled = draws(make_sampler(temp=1.0), logprobs)
-    native = draws(make_sampler(temp=temperature), logprobs)
-    assert native != unscaled, "the temperature did not change mlx-lm's draws"
-    scaled = Pipeline([Temperature(temperature)])(torch.from_numpy(logprobs), torch.zeros(64, 1))
-    assert draws(make_sampler(temp=1.0), scaled.numpy()) == native
-
-
-# Kept-set filters: (ours, mlx-lm's filter of log-probabilities, parameter values, how
-# many tokens the native one keeps: exactly k for top-k, else fewer than the vocabulary,
-# so the test can fail).
-KEPT_SETS: dict[
-    str, tuple[Any, Callable[[Any, Any], Any], list[Any], Callable[[int, Any], bool]]
-] = {
-    "top_k": (TopK, apply_top_k, [1, 5, 50], lambda kept, k: kept == k),
-    "top_p": (TopP, apply_top_p, [0.1, 0.5, 0.9], lambda kept, p: kept < VOCAB),
-    "min_p": (MinP, apply_min_p, [0.05, 0.2, 0.5], lambda kept, p: kept < VOCAB),
-}
-
-
-@pytest.mark.support("oracle", backend="mlx")
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [(name, value) for name, (_, _, values, _) in KEPT_SETS.items() for value in values],
-)
-def test_filters_keep_the_same_tokens_as_mlx_lm(name: str, value: Any, seed: int) -> None:
-    processor, apply, _, kept_as_expected = KEPT_SETS[name]
-    logits = _logits(seed)
-    expected = _kept(np.array(apply(_logprobs(logits), value)))
-    assert kept_as_expected(len(expected), value)
-    assert _kept(ours(processor(value), logits, [0])) == expected

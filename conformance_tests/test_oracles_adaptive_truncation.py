@@ -374,8 +374,3 @@ def test_known_difference_typical_llama_cpp_stops_after_the_mass() -> None:
     got = ours_row(TypicalP(0.25), logits)
     assert np.isfinite(got).tolist() == [False, True, False, False]
     assert np.isfinite(expected).tolist() == [True, True, False, False]
-
-
-# --------------------------------------------------------------------------------------
-# mlx-lm
-# --------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """anylogits.processors.bias (LogitBias, SequenceBias, CiteFromPrompt) against each
 library's own: transformers' ``SequenceBiasLogitsProcessor`` (for LogitBias as one-token
 entries: hypothesis-drawn pairs, see ``transformers_cases``; for SequenceBias on histories
-with a planted match, see ``sequence_draws``), llama.cpp's ``logit_bias`` sampler, and
+with a planted match, see ``sequence_draws``), llama.cpp's ``logit_bias`` sampler, mlx-lm's
+``make_logits_processors(logit_bias=...)``, and
 logits-processor-zoo's ``CiteFromPromptLogitsProcessor`` (see ``zoo_peer``).
 
 The oracle stores biases in float32, so biases are drawn float32-representable; for
@@ -33,6 +34,11 @@ from conformance_tests.llama_cpp_rows import (
     llama_cpp_apply,
     ours_row,
     random_row,
+)
+from conformance_tests.mlx_rows import (
+    mlx_modules,
+    mlx_row,
+    ours_after,
 )
 from conformance_tests.oracle_draws import Draw
 from conformance_tests.sequence_draws import SETTINGS as SEQUENCE_SETTINGS
@@ -277,3 +283,20 @@ def test_cite_from_prompt_matches_the_zoo(peer: Peer, data) -> None:
     ours = CiteFromPrompt(boost_factor, boost_eos=boost_eos, conditional_boost_factor=conditional)
     steps = data.draw(st.integers(1, 6))
     assert greedy_loop(ours, oracle, peer, prompts, steps, next_logits, identical) > 0
+
+
+# --------------------------------------------------------------------------------------
+# mlx-lm
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.only_backend("mlx")
+@pytest.mark.support("oracle", processor="logit_bias", backend="mlx")
+@pytest.mark.parametrize("seed", range(6))
+def test_logit_bias_matches_mlx_lm_make_logits_processors(seed: int) -> None:
+    mx, sample_utils = mlx_modules()
+    logits = mlx_row(seed)
+    bias = {3: 2.5, 77: -4.0, 1999: 1.0}
+    (native,) = sample_utils.make_logits_processors(logit_bias=bias)
+    expected = np.array(native(mx.array([1, 2]), mx.array(logits)))
+    np.testing.assert_allclose(ours_after(LogitBias(bias), logits, [1, 2]), expected, rtol=1e-6)

@@ -39,6 +39,8 @@ Oracles and the differences found:
 * transformers ``RepetitionPenaltyLogitsProcessor`` on hypothesis-drawn pairs (see
   ``transformers_cases``): bit-identical. Found by the property tests, fixed, and pinned:
   history ids beyond the logits width.
+* mlx-lm's repetition penalty (``make_logits_processors``): identical, with its
+  ``repetition_context_size`` as our ``context_size``.
 * llama.cpp's repetition penalty counts only the last ``penalty_last_n`` tokens it was
   told about with ``llama_sampler_accept``, and llama-cpp-python accepts only generated
   tokens, never the prompt; ours counts the prompt too (transformers' semantics), the
@@ -80,6 +82,11 @@ from conformance_tests.llama_cpp_rows import (
     llama_cpp_result,
     ours_row,
     random_row,
+)
+from conformance_tests.mlx_rows import (
+    mlx_modules,
+    mlx_row,
+    ours_after,
 )
 from conformance_tests.oracle_draws import Draw
 from conformance_tests.transformers_cases import SETTINGS as TABLE_SETTINGS
@@ -433,6 +440,46 @@ def test_repetition_penalty_context_size_matches_llama_cpp_penalty_last_n(
 # --------------------------------------------------------------------------------------
 # mlx-lm
 # --------------------------------------------------------------------------------------
+
+
+@pytest.mark.only_backend("mlx")
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
+@pytest.mark.parametrize("seed", range(6))
+def test_repetition_penalty_matches_mlx_lm_make_logits_processors(seed: int) -> None:
+    mx, sample_utils = mlx_modules()
+    logits = mlx_row(seed)
+    history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
+    # mlx-lm penalizes the last `repetition_context_size` tokens: cover the whole history.
+    (native,) = sample_utils.make_logits_processors(
+        repetition_penalty=1.3, repetition_context_size=30
+    )
+    expected = np.array(native(mx.array(history), mx.array(logits)))
+    assert not np.array_equal(expected, logits)
+    np.testing.assert_allclose(
+        ours_after(RepetitionPenalty(1.3), logits, history), expected, rtol=1e-6
+    )
+
+
+@pytest.mark.only_backend("mlx")
+@pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("context_size", [1, 4, 20])
+def test_repetition_penalty_context_size_matches_mlx_lm_repetition_context_size(
+    seed: int, context_size: int
+) -> None:
+    mx, sample_utils = mlx_modules()
+    logits = mlx_row(seed)
+    history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
+    (native,) = sample_utils.make_logits_processors(
+        repetition_penalty=1.3, repetition_context_size=context_size
+    )
+    expected = np.array(native(mx.array(history), mx.array(logits)))
+    assert not np.array_equal(expected, ours_after(RepetitionPenalty(1.3), logits, history))
+    np.testing.assert_allclose(
+        ours_after(RepetitionPenalty(1.3, context_size=context_size), logits, history),
+        expected,
+        rtol=1e-6,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """anylogits.processors.truncation (TopK, TopP, MinP) against each library's own:
-transformers' warpers (hypothesis-drawn pairs, see ``transformers_cases``) and llama.cpp's
-``top_k`` / ``top_p`` / ``min_p`` samplers on float32 rows.
+transformers' warpers (hypothesis-drawn pairs, see ``transformers_cases``), llama.cpp's
+``top_k`` / ``top_p`` / ``min_p`` samplers on float32 rows, and mlx-lm's ``apply_top_k`` /
+``apply_top_p`` / ``apply_min_p`` (the same kept sets).
 
 Results must be bit-identical except where a tolerance is stated next to the check that
 applies it:
@@ -17,6 +18,7 @@ A divergence the property tests found (TopP(1.0)) was fixed; a fixed example pin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,14 @@ from conformance_tests.llama_cpp_rows import (
     llama_cpp_apply,
     ours_row,
     random_row,
+)
+from conformance_tests.mlx_rows import (
+    MLX_VOCAB,
+    kept_ids,
+    mlx_logprobs,
+    mlx_modules,
+    mlx_row,
+    ours_after,
 )
 from conformance_tests.oracle_draws import Draw, draw_min_tokens
 from conformance_tests.transformers_cases import (
@@ -336,3 +346,35 @@ def test_truncation_matches_llama_cpp(name: str, value: Any, seed: int) -> None:
     expected = llama_cpp_apply(lambda lib: sampler(lib, value), logits)
     assert kept_as_expected(np.isfinite(expected).sum(), value)
     np.testing.assert_array_equal(ours_row(processor(value), logits), expected)
+
+
+# --------------------------------------------------------------------------------------
+# mlx-lm
+# --------------------------------------------------------------------------------------
+
+
+# Kept-set filters: (ours, mlx-lm's filter of log-probabilities, parameter values, how
+# many tokens the native one keeps: exactly k for top-k, else fewer than the vocabulary,
+# so the test can fail).
+MLX_KEPT_SETS: dict[str, tuple[Any, str, list[Any], Callable[[int, Any], bool]]] = {
+    "top_k": (TopK, "apply_top_k", [1, 5, 50], lambda kept, k: kept == k),
+    "top_p": (TopP, "apply_top_p", [0.1, 0.5, 0.9], lambda kept, p: kept < MLX_VOCAB),
+    "min_p": (MinP, "apply_min_p", [0.05, 0.2, 0.5], lambda kept, p: kept < MLX_VOCAB),
+}
+
+
+@pytest.mark.only_backend("mlx")
+@pytest.mark.support("oracle", backend="mlx")
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(name, value) for name, (_, _, values, _) in MLX_KEPT_SETS.items() for value in values],
+)
+def test_filters_keep_the_same_tokens_as_mlx_lm(name: str, value: Any, seed: int) -> None:
+    _, sample_utils = mlx_modules()
+    processor, apply_name, _, kept_as_expected = MLX_KEPT_SETS[name]
+    apply = getattr(sample_utils, apply_name)
+    logits = mlx_row(seed)
+    expected = kept_ids(np.array(apply(mlx_logprobs(logits), value)))
+    assert kept_as_expected(len(expected), value)
+    assert kept_ids(ours_after(processor(value), logits, [0])) == expected

@@ -1,9 +1,10 @@
 """vLLM on the tiny model's HF folder with vLLM's V1 model runner (CPU, float32,
 in-process engine; generation against transformers is in ``test_generation``): a mixed
 batch whose rows finish, leave and move; a failing processor ends its own request only;
-vLLM's own sampling parameters as oracles on the same engine (temperature, top_k, top_p,
-min_p, repetition_penalty, logit_bias, min_tokens, stop, and structured_outputs through
-its llguidance backend).
+vLLM's own sampling parameters as oracles on the same engine (stop, and
+structured_outputs through its llguidance backend; temperature, top_k, top_p, min_p,
+repetition_penalty, logit_bias and min_tokens are one job on every engine in
+``test_generation``).
 
 vLLM's ``presence_penalty``, ``frequency_penalty`` and ``bad_words`` are compared with
 ours function by function in ``test_oracles_penalties`` / ``test_oracles_bans``.
@@ -30,17 +31,12 @@ from anylogits import (  # noqa: E402
     JSONSchema,
     LogitBias,
     LogitsProcessor,
-    MinNewTokens,
-    MinP,
     NoRepeatNGram,
     Regex,
     RepetitionPenalty,
     StopStrings,
     SuppressTokens,
-    Temperature,
     TopK,
-    TopP,
-    for_vllm,
 )
 from anylogits.engines.generation import VllmEngine  # noqa: E402
 from anylogits.engines.vllm_recording import RecordingAnyLogits  # noqa: E402
@@ -153,99 +149,6 @@ def test_mixed_batch_rows_equal_each_request_run_alone(
 
 
 # -- oracle level: vLLM's own sampling parameters on the same engine ----------------------
-
-
-@pytest.mark.support("oracle", processor="repetition_penalty", backend="vllm")
-def test_repetition_penalty_matches_vllm_repetition_penalty(
-    engine: VllmEngine, prompt: list[int], plain: list[int]
-) -> None:
-    native = greedy(engine, prompt, repetition_penalty=1.3)
-    assert native != plain
-    assert greedy(engine, prompt, RepetitionPenalty(1.3)) == native
-
-
-@pytest.mark.support("oracle", processor="logit_bias", backend="vllm")
-def test_logit_bias_matches_vllm_logit_bias(
-    engine: VllmEngine, prompt: list[int], plain: list[int]
-) -> None:
-    bias = {plain[0]: -5.0, plain[-1]: 4.0}
-    native = greedy(engine, prompt, logit_bias=bias)
-    assert native != plain
-    assert greedy(engine, prompt, LogitBias(bias)) == native
-
-
-@pytest.mark.support("oracle", processor="min_new_tokens", backend="vllm")
-@pytest.mark.parametrize("explicit_eos", [False, True], ids=["engine_eos", "explicit_eos"])
-def test_min_new_tokens_matches_vllm_min_tokens(
-    engine: VllmEngine, prompt: list[int], eos: int, explicit_eos: bool
-) -> None:
-    push = {eos: 30.0}
-    assert greedy(engine, prompt, LogitBias(push)) == [eos]  # EOS comes first unless held
-    native = greedy(engine, prompt, min_tokens=5, logit_bias=push)
-    assert len(native) == 6 and eos not in native[:5] and native[5] == eos
-    # Without eos_token_id, MinNewTokens takes the EOS ids from the engine's tokenizer.
-    held = MinNewTokens(5, eos_token_id=eos if explicit_eos else None)
-    assert greedy(engine, prompt, held, LogitBias(push)) == native
-
-
-# vLLM's sampling parameters -> our processors for the same distribution. vLLM applies
-# temperature, then min-p, then top-k and top-p; ours run in the pipeline, before vLLM's
-# sampler at temperature 1.0. The same kept logits and the same per-request seed give
-# the same Gumbel-max draws, so the sampled ids must be identical.
-SAMPLING_CASES: dict[str, tuple[dict[str, Any], Callable[[], list[LogitsProcessor]]]] = {
-    "top_k": ({"top_k": 5}, lambda: [TopK(5)]),
-    "top_p": ({"top_p": 0.8}, lambda: [TopP(0.8)]),
-    "min_p": ({"min_p": 0.2}, lambda: [MinP(0.2)]),
-    # At temperature 1 the tiny model's nucleus for 0.8 holds ~1300 tokens; at 0.5 about 8,
-    # so there the top-p boundary decides draws.
-    "temperature_top_p": (
-        {"temperature": 0.5, "top_p": 0.8},
-        lambda: [Temperature(0.5), TopP(0.8)],
-    ),
-    "temperature_min_p_top_k_top_p": (
-        {"temperature": 0.7, "min_p": 0.05, "top_k": 12, "top_p": 0.9},
-        lambda: [Temperature(0.7), MinP(0.05), TopK(12), TopP(0.9)],
-    ),
-}
-SAMPLED_TOKENS = 24
-
-
-@pytest.mark.parametrize("seed", [7, 1234])
-@pytest.mark.support("oracle", backend="vllm")
-@pytest.mark.parametrize("case", sorted(SAMPLING_CASES))
-def test_sampling_filters_draw_the_same_tokens_as_vllm_with_the_same_seed(
-    engine: VllmEngine, prompt: list[int], case: str, seed: int
-) -> None:
-    native_kwargs, processors = SAMPLING_CASES[case]
-    common = {"max_tokens": SAMPLED_TOKENS, "seed": seed}
-    temperature = native_kwargs.get("temperature", 1.0)
-    unfiltered, native, ours = engine.generate(
-        [
-            (prompt, SamplingParams(**common, temperature=temperature)),
-            (prompt, SamplingParams(**common, **{"temperature": 1.0, **native_kwargs})),
-            (prompt, for_vllm(*processors(), **common, temperature=1.0)),
-        ],
-    )
-    assert native != unfiltered, "the filter did not change vLLM's draws"
-    assert ours == native
-
-
-@pytest.mark.support("oracle", processor="temperature", backend="vllm")
-@pytest.mark.parametrize("seed", [7, 1234])
-@pytest.mark.parametrize("temperature", [0.5, 1.7])
-def test_temperature_draws_the_same_tokens_as_vllm_temperature(
-    engine: VllmEngine, prompt: list[int], seed: int, temperature: float
-) -> None:
-    common = {"max_tokens": SAMPLED_TOKENS, "seed": seed}
-    unscaled, native, ours = engine.generate(
-        [
-            (prompt, SamplingParams(**common, temperature=1.0)),
-            (prompt, SamplingParams(**common, temperature=temperature)),
-            (prompt, for_vllm(Temperature(temperature), **common, temperature=1.0)),
-        ],
-    )
-    assert native != unscaled, "the temperature did not change vLLM's draws"
-    assert ours == native
 
 
 @pytest.mark.support("oracle", processor="stop_strings", backend="vllm")
