@@ -49,14 +49,11 @@ from conformance_tests.sequence_draws import (
     draw_sequence_shape,
     plant,
 )
-from conformance_tests.transformers_cases import SETTINGS as TABLE_SETTINGS
 from conformance_tests.transformers_cases import (
     Case,
     CaseBuilder,
     FixedExample,
-    assert_changes_logits,
-    assert_matches,
-    assert_matches_at_vocab_32000,
+    TransformersPairs,
     one_step,
 )
 from conformance_tests.zoo_peer import SETTINGS as ZOO_SETTINGS
@@ -104,33 +101,11 @@ FIXED_EXAMPLES = {
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("name", list(CASES))
-@TABLE_SETTINGS
-@given(data=st.data())
-def test_matches_transformers_oracle(name: str, dtype: torch.dtype, data: st.DataObject) -> None:
-    assert_matches(CASES[name], dtype, data)
+class TestTransformersPairs(TransformersPairs):
+    """This module's pairs through the four checks every transformers pair runs."""
 
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_transformers_oracle_at_vocab_32000(name: str, dtype: torch.dtype) -> None:
-    assert_matches_at_vocab_32000(CASES[name], name, dtype)
-
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("name", list(CASES))
-def test_changes_logits_on_generated_inputs(name: str) -> None:
-    assert_changes_logits(CASES[name], name)
-
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("name", list(FIXED_EXAMPLES))
-def test_fixed_example_changes_logits(name: str) -> None:
-    FIXED_EXAMPLES[name].check()
+    cases = CASES
+    fixed_examples = FIXED_EXAMPLES
 
 
 @pytest.mark.only_backend("transformers")

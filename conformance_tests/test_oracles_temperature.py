@@ -15,12 +15,9 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import given
-from hypothesis import strategies as st
 from transformers.generation.logits_process import TemperatureLogitsWarper
 
 from anylogits import Pipeline, Temperature
-from conformance_tests.comparisons import DTYPES, dtype_id
 from conformance_tests.llama_cpp_rows import SEEDS, llama_cpp_apply, ours_row, random_row
 from conformance_tests.mlx_rows import (
     mlx_logprobs,
@@ -28,14 +25,11 @@ from conformance_tests.mlx_rows import (
     mlx_row,
 )
 from conformance_tests.oracle_draws import Draw
-from conformance_tests.transformers_cases import SETTINGS as TABLE_SETTINGS
 from conformance_tests.transformers_cases import (
     Case,
     CaseBuilder,
     FixedExample,
-    assert_changes_logits,
-    assert_matches,
-    assert_matches_at_vocab_32000,
+    TransformersPairs,
     one_step,
 )
 
@@ -67,33 +61,11 @@ FIXED_EXAMPLES = {
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("name", list(CASES))
-@TABLE_SETTINGS
-@given(data=st.data())
-def test_matches_transformers_oracle(name: str, dtype: torch.dtype, data: st.DataObject) -> None:
-    assert_matches(CASES[name], dtype, data)
+class TestTransformersPairs(TransformersPairs):
+    """This module's pairs through the four checks every transformers pair runs."""
 
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_transformers_oracle_at_vocab_32000(name: str, dtype: torch.dtype) -> None:
-    assert_matches_at_vocab_32000(CASES[name], name, dtype)
-
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("name", list(CASES))
-def test_changes_logits_on_generated_inputs(name: str) -> None:
-    assert_changes_logits(CASES[name], name)
-
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("name", list(FIXED_EXAMPLES))
-def test_fixed_example_changes_logits(name: str) -> None:
-    FIXED_EXAMPLES[name].check()
+    cases = CASES
+    fixed_examples = FIXED_EXAMPLES
 
 
 # --------------------------------------------------------------------------------------

@@ -28,8 +28,6 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import given
-from hypothesis import strategies as st
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     TopKLogitsWarper,
@@ -37,7 +35,7 @@ from transformers.generation.logits_process import (
 )
 
 from anylogits import MinP, Pipeline, TopK, TopP
-from conformance_tests.comparisons import DTYPES, NEG_INF, assert_identical, dtype_id
+from conformance_tests.comparisons import NEG_INF, assert_identical, dtype_id
 from conformance_tests.llama_cpp_rows import (
     LLAMA_VOCAB,
     SEEDS,
@@ -55,19 +53,15 @@ from conformance_tests.mlx_rows import (
 )
 from conformance_tests.oracle_draws import Draw, draw_min_tokens
 from conformance_tests.transformers_cases import (
-    MIN_CHANGED_SHARE,
     Case,
     CaseBuilder,
     Check,
     FixedExample,
-    assert_changes_logits,
+    TransformersPairs,
     assert_masked_copy,
-    assert_matches,
-    assert_matches_at_vocab_32000,
     kept,
     one_step,
 )
-from conformance_tests.transformers_cases import SETTINGS as TABLE_SETTINGS
 
 
 def mass_above(logits: torch.Tensor) -> torch.Tensor:
@@ -249,33 +243,12 @@ FIXED_EXAMPLES = {
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", backend="transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("name", list(CASES))
-@TABLE_SETTINGS
-@given(data=st.data())
-def test_matches_transformers_oracle(name: str, dtype: torch.dtype, data: st.DataObject) -> None:
-    assert_matches(CASES[name], dtype, data)
+class TestTransformersPairs(TransformersPairs):
+    """This module's pairs through the four checks every transformers pair runs."""
 
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("name", list(CASES))
-def test_matches_transformers_oracle_at_vocab_32000(name: str, dtype: torch.dtype) -> None:
-    assert_matches_at_vocab_32000(CASES[name], name, dtype)
-
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("name", list(CASES))
-def test_changes_logits_on_generated_inputs(name: str) -> None:
-    assert_changes_logits(CASES[name], name, CHANGED_SHARE.get(name, MIN_CHANGED_SHARE))
-
-
-@pytest.mark.only_backend("transformers")
-@pytest.mark.parametrize("name", list(FIXED_EXAMPLES))
-def test_fixed_example_changes_logits(name: str) -> None:
-    FIXED_EXAMPLES[name].check()
+    cases = CASES
+    fixed_examples = FIXED_EXAMPLES
+    changed_share = CHANGED_SHARE
 
 
 @pytest.mark.only_backend("transformers")

@@ -18,13 +18,21 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+import pytest
 import torch
+from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import LogitsProcessor, Pipeline
-from conformance_tests.comparisons import DTYPES, NEG_INF, assert_identical, oracle_settings
+from conformance_tests.comparisons import (
+    DTYPES,
+    NEG_INF,
+    assert_identical,
+    dtype_id,
+    oracle_settings,
+)
 from conformance_tests.oracle_draws import Draw, HypothesisDraw, LogitSource, RandomDraw, draw_shape
 
 BIG_VOCAB = 32000
@@ -130,3 +138,46 @@ def assert_masked_copy(logits: torch.Tensor, out: torch.Tensor) -> None:
 
 def kept(out: torch.Tensor) -> torch.Tensor:
     return out != NEG_INF
+
+
+class TransformersPairs:
+    """The four checks every transformers pair of a module runs: a module's
+    ``TestTransformersPairs(TransformersPairs)`` names its ``cases`` (name -> case
+    builder) and ``fixed_examples``; ``name`` and ``example`` are parametrized from them."""
+
+    cases: ClassVar[dict[str, CaseBuilder]]
+    fixed_examples: ClassVar[dict[str, FixedExample]]
+    # Smallest share of generated cases a processor must change, where not the default.
+    changed_share: ClassVar[dict[str, float]] = {}
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "name" in metafunc.fixturenames:
+            metafunc.parametrize("name", list(self.cases))
+        if "example" in metafunc.fixturenames:
+            metafunc.parametrize("example", list(self.fixed_examples))
+
+    @pytest.mark.only_backend("transformers")
+    @pytest.mark.support("oracle", backend="transformers")
+    @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+    @SETTINGS
+    @given(data=st.data())
+    def test_matches_transformers_oracle(
+        self, name: str, dtype: torch.dtype, data: st.DataObject
+    ) -> None:
+        assert_matches(self.cases[name], dtype, data)
+
+    @pytest.mark.only_backend("transformers")
+    @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+    def test_matches_transformers_oracle_at_vocab_32000(
+        self, name: str, dtype: torch.dtype
+    ) -> None:
+        assert_matches_at_vocab_32000(self.cases[name], name, dtype)
+
+    @pytest.mark.only_backend("transformers")
+    def test_changes_logits_on_generated_inputs(self, name: str) -> None:
+        share = self.changed_share.get(name, MIN_CHANGED_SHARE)
+        assert_changes_logits(self.cases[name], name, share)
+
+    @pytest.mark.only_backend("transformers")
+    def test_fixed_example_changes_logits(self, example: str) -> None:
+        self.fixed_examples[example].check()
