@@ -1,6 +1,6 @@
-"""A toy vocabulary (with a longest-match tokenizer) and naive readings shared by
-``test_bans``, ``test_bias`` and ``test_length`` (``right_aligned`` by the penalty and DRY
-tests too)."""
+"""Toy vocabularies (one with a longest-match tokenizer) and naive readings shared by
+``test_bans``, ``test_bias``, ``test_length`` and ``test_pipeline`` (``right_aligned`` by
+the penalty and DRY tests too)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ VOCAB = Vocabulary(tokens=TOKENS, eos_token_ids=frozenset({4}), encode=greedy_en
 
 
 BYTES_ONLY_VOCAB = Vocabulary(tokens=TOKENS, eos_token_ids=frozenset({4}))
+
+# "a" to "e", EOS "e": ids past 4 are outside it, logits wider than 5 are padded.
+FIVE_LETTERS = Vocabulary(
+    tokens=tuple(bytes([97 + i]) for i in range(5)), eos_token_ids=frozenset({4})
+)
 
 
 def naive_sequence_bias(

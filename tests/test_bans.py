@@ -9,6 +9,7 @@ import pytest
 import torch
 from sequence_fixtures import (
     BYTES_ONLY_VOCAB,
+    FIVE_LETTERS,
     INF,
     TOKENS,
     VOCAB,
@@ -20,12 +21,17 @@ from sequence_fixtures import (
 from anylogits import Pipeline, Vocabulary
 from anylogits.processors import (
     BadWords,
+    NoRepeatNGram,
+    SuppressTokens,
 )
 
 
 @pytest.mark.parametrize(
     ("build", "message"),
     [
+        (lambda: NoRepeatNGram(0), "ngram_size must be >= 1, got 0"),
+        (lambda: SuppressTokens("abc"), "token_ids must be a list of token ids"),
+        (lambda: SuppressTokens([1.5]), r"token_ids must hold token ids .* got 1.5"),
         (lambda: BadWords("ab"), "words must be a list of token-id lists or strings, got 'ab'"),
         (lambda: BadWords([[]]), r"words\[0\] must hold at least one token id, got \[\]"),
         (lambda: BadWords([[1], [-1]]), r"words\[1\] must hold token ids .* got -1"),
@@ -41,6 +47,11 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
 @pytest.mark.parametrize(
     ("processor", "vocab", "message"),
     [
+        (
+            SuppressTokens([7]),
+            FIVE_LETTERS,
+            "token_ids holds token id 7, but the vocabulary has only 5",
+        ),
         (BadWords([[1, 9]]), VOCAB, r"words\[0\] holds token id 9, but the vocabulary has only 8"),
         (BadWords(["ab"]), None, r"words\[0\] 'ab' is text, so it needs the model's tokenizer"),
         (BadWords(["ab"]), BYTES_ONLY_VOCAB, "or pass token ids"),
@@ -60,6 +71,7 @@ def test_a_string_that_tokenizes_to_nothing_is_rejected() -> None:
 @pytest.mark.parametrize(
     "processor",
     [
+        SuppressTokens([7]),
         BadWords([[1], [0, 7]]),
     ],
     ids=lambda p: type(p).__name__,
@@ -116,3 +128,20 @@ EXAMPLES = [
 @pytest.mark.parametrize("processor", EXAMPLES, ids=repr)
 def test_spec_round_trips_through_json_and_behaves_the_same(processor) -> None:
     assert_round_trips_and_behaves_the_same(processor)
+
+
+def test_no_repeat_ngram_ignores_windows_in_the_padding() -> None:
+    # Padding "5 6" would ban 6 after 5, but row 0 is only [5].
+    ids = torch.tensor([[5, 6, 5], [5, 6, 5]])
+    out = Pipeline([NoRepeatNGram(2)])(torch.zeros(2, 8), ids, lengths=torch.tensor([1, 3]))
+    assert out[0].eq(0).all()
+    assert out[1].tolist() == [0, 0, 0, 0, 0, 0, -INF, 0]
+
+
+def test_no_repeat_ngram_ignores_history_ids_beyond_the_logits_width() -> None:
+    # An embedding wider than the LM head: ids 5 and 6 have no logit. Row 1 has no
+    # usable id at all and must come back unchanged.
+    ids = torch.tensor([[0, 5, 0, 5], [6, 5, 6, 5]])
+    logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    banned = Pipeline([NoRepeatNGram(2)])(logits.clone(), ids)
+    assert banned.tolist() == [[-INF, 2.0, 3.0], [1.0, 2.0, 3.0]]

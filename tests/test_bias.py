@@ -10,6 +10,7 @@ import phrase_fixtures as phrases
 import pytest
 import torch
 from sequence_fixtures import (
+    FIVE_LETTERS,
     INF,
     VOCAB,
     assert_round_trips_and_behaves_the_same,
@@ -21,6 +22,7 @@ import anylogits.processors.bias as bias_module
 from anylogits import Pipeline
 from anylogits.processors import (
     CiteFromPrompt,
+    LogitBias,
     SequenceBias,
 )
 
@@ -28,6 +30,9 @@ from anylogits.processors import (
 @pytest.mark.parametrize(
     ("build", "message"),
     [
+        (lambda: LogitBias({1: INF}), r"bias\[1\] must be finite, got inf"),
+        (lambda: LogitBias({1: 1.0, "1": 2.0}), "names token id 1 twice"),
+        (lambda: LogitBias([1]), "bias must be a dict"),
         (lambda: SequenceBias({(1,): 2.0}), "biases must be a list of"),
         (lambda: SequenceBias([[[1], 2.0, 3]]), r"biases\[0\] must be a \[token_ids, bias\]"),
         (lambda: SequenceBias([[[], 2.0]]), r"biases\[0\]\[0\] must hold at least one"),
@@ -48,6 +53,7 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
 @pytest.mark.parametrize(
     ("processor", "vocab", "message"),
     [
+        (LogitBias({5: 1.0}), FIVE_LETTERS, "bias holds token id 5, but the vocabulary has only 5"),
         (SequenceBias([[[8], 1.0]]), VOCAB, "biases holds token id 8, but the vocabulary"),
     ],
 )

@@ -11,6 +11,7 @@ import phrase_fixtures as phrases
 import pytest
 import torch
 from sequence_fixtures import (
+    FIVE_LETTERS,
     INF,
     TOKENS,
     VOCAB,
@@ -26,6 +27,7 @@ from anylogits import Pipeline, Vocabulary
 from anylogits.processors import (
     ExponentialDecayLength,
     GenLength,
+    MinNewTokens,
     StopStrings,
 )
 
@@ -33,6 +35,8 @@ from anylogits.processors import (
 @pytest.mark.parametrize(
     ("build", "message"),
     [
+        (lambda: MinNewTokens(-1), "min_new_tokens must be >= 0, got -1"),
+        (lambda: MinNewTokens(1, eos_token_id=[-2]), "eos_token_id must hold token ids"),
         (lambda: ExponentialDecayLength(-1, 1.5), "start_index must be >= 0, got -1"),
         (lambda: ExponentialDecayLength(2, 0.0), "decay_factor must be a finite number > 0"),
         (lambda: ExponentialDecayLength(2, INF), "decay_factor must be a finite number > 0"),
@@ -52,6 +56,7 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
 @pytest.mark.parametrize(
     ("processor", "vocab", "message"),
     [
+        (MinNewTokens(1, eos_token_id=9), FIVE_LETTERS, "eos_token_id holds token id 9"),
         (ExponentialDecayLength(1, 2.0, 8), VOCAB, "eos_token_id holds token id 8"),
         (StopStrings(["a"], eos_token_id=[4, 8]), VOCAB, "eos_token_id holds token id 8"),
         (StopStrings(["a"]), None, "StopStrings decodes generated tokens with the model's"),
@@ -70,6 +75,27 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
 def test_problems_with_the_vocabulary_fail_at_bind_time(processor, vocab, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Pipeline([processor], vocab)
+
+
+def test_min_new_tokens_takes_eos_from_the_vocabulary() -> None:
+    pipeline = Pipeline([MinNewTokens(1)], FIVE_LETTERS)
+    assert pipeline(torch.zeros(1, 5), torch.tensor([[0, 1]]))[0, 4] == -INF
+    assert pipeline(torch.zeros(1, 5), torch.tensor([[0, 1, 2]]))[0, 4] == 0
+
+
+def test_min_new_tokens_without_any_eos_explains_the_fix() -> None:
+    with pytest.raises(ValueError, match="pass eos_token_id"):
+        Pipeline([MinNewTokens(1)])(torch.zeros(1, 5), torch.tensor([[0]]))
+
+
+def test_min_new_tokens_counts_each_row_separately() -> None:
+    pipeline = Pipeline([MinNewTokens(2, eos_token_id=0)])
+    # Ragged rows as vLLM gives them: row 1 has a longer prompt, row 0 is ahead.
+    prompts = torch.tensor([[7, 0], [3, 4]])  # row 0 is [0]; 7 is padding
+    pipeline(torch.zeros(2, 3), prompts, lengths=torch.tensor([1, 2]))
+    ids = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    out = pipeline(torch.zeros(2, 3), ids)
+    assert out[:, 0].tolist() == [0, -INF]  # row 0 generated 2, row 1 only 1
 
 
 def test_decay_without_any_eos_explains_the_fix() -> None:

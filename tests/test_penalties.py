@@ -1,6 +1,7 @@
-"""PresencePenalty and FrequencyPenalty (anylogits.processors.penalties) without a
-backend: validation, specs, prompt handling, row order, ragged rows, stacking (the
-llama.cpp comparison is in conformance_tests/test_oracles_penalties.py).
+"""anylogits.processors.penalties (RepetitionPenalty, PresencePenalty, FrequencyPenalty)
+without a backend: validation, specs, prompt handling, row order, ragged rows, windows,
+stacking (the transformers, vLLM, llama.cpp and mlx-lm comparisons are in
+conformance_tests/test_oracles_penalties.py).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import pytest
 import torch
 from sequence_fixtures import right_aligned
 
-from anylogits import Pipeline, from_spec
+from anylogits import Pipeline, RepetitionPenalty, from_spec
 from anylogits.core.batch import Batch
 from anylogits.processors.penalties import FrequencyPenalty, PresencePenalty
+from test_support.host_reads import TorchCalls
 
 
 @pytest.mark.parametrize(
     ("build", "message"),
     [
+        (lambda: RepetitionPenalty(-1), "penalty must be a finite number > 0, got -1"),
+        (lambda: RepetitionPenalty(1.2, context_size=0), "context_size must be >= 1, got 0"),
         (lambda: PresencePenalty("a"), "penalty must be a number, got 'a'"),
         (lambda: PresencePenalty(math.nan), "penalty must be finite, got nan"),
         (lambda: FrequencyPenalty(True), "penalty must be a number, got True"),
@@ -160,3 +164,69 @@ def test_presence_needs_prompt_lengths_from_sequence_tracking() -> None:
     batch = Batch(1, torch.tensor([[1, 2]]))
     with pytest.raises(RuntimeError, match="prompt lengths"):
         PresencePenalty(1.0).process(torch.zeros(1, 3), batch)
+
+
+# RepetitionPenalty
+
+
+def test_repetition_penalty_ignores_padding_of_ragged_rows() -> None:
+    ids = torch.tensor([[9, 9, 1], [0, 2, 3]])  # row 0 is just [1]; 9 is padding
+    logits = torch.full((2, 10), 2.0)
+    out = Pipeline([RepetitionPenalty(2.0)])(logits, ids, lengths=torch.tensor([1, 3]))
+    assert out[0].tolist() == [2, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert out[1].tolist() == [1, 2, 1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def test_full_rows_need_no_lengths() -> None:
+    """Without ``lengths`` every row fills the history, so the penalty neither builds
+    nor reads them (a tensor and a host read per call saved); with them, the padding
+    is still skipped (above)."""
+    ids = torch.tensor([[9, 9, 1], [0, 2, 3]])
+    batch = Batch(2, ids)
+    out = RepetitionPenalty(2.0).process(torch.full((2, 10), 2.0), batch)
+    assert batch._lengths is None  # never asked for
+    assert out[0].tolist() == [2, 1, 2, 2, 2, 2, 2, 2, 2, 1]
+    assert out[1].tolist() == [1, 2, 1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def test_repetition_penalty_context_size_counts_only_each_rows_last_tokens() -> None:
+    # Row 0 is [1, 2, 3] (9 is padding), row 1 is [4, 1, 2, 5]; a window of 2 sees
+    # [2, 3] and [2, 5], the prompt included.
+    ids = torch.tensor([[9, 1, 2, 3], [4, 1, 2, 5]])
+    logits = torch.full((2, 10), 2.0)
+    out = Pipeline([RepetitionPenalty(2.0, context_size=2)])(
+        logits, ids, lengths=torch.tensor([3, 4])
+    )
+    assert out[0].tolist() == [2, 2, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert out[1].tolist() == [2, 2, 1, 2, 2, 1, 2, 2, 2, 2]
+    wide = Pipeline([RepetitionPenalty(2.0, context_size=50)])(torch.full((2, 10), 2.0), ids)
+    assert torch.equal(wide, Pipeline([RepetitionPenalty(2.0)])(torch.full((2, 10), 2.0), ids))
+
+
+def test_repetition_penalties_stack_only_with_one_context_size() -> None:
+    same = [RepetitionPenalty(1.5, context_size=3), RepetitionPenalty(2.0, context_size=3)]
+    assert RepetitionPenalty.stack(same) is not None
+    mixed = [RepetitionPenalty(1.5, context_size=3), RepetitionPenalty(1.5)]
+    assert RepetitionPenalty.stack(mixed) is None
+
+
+def test_repetition_penalty_writes_out_in_one_scatter_without_copying_first() -> None:
+    """transformers keeps its logits: the penalty reads them and writes rows and
+    penalized columns to ``out`` in one out-of-place scatter, no ``copy_`` then edit."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 3, 7], [2, 2, 9], [0, 49, 48]])
+    original, out = logits.clone(), torch.empty_like(logits)
+    with TorchCalls() as calls:
+        result = RepetitionPenalty(1.5).process_into(logits, Batch(3, ids), out)
+    assert result.data_ptr() == out.data_ptr() and torch.equal(logits, original)
+    assert torch.equal(result, RepetitionPenalty(1.5).process(logits.clone(), Batch(3, ids)))
+    assert "copy_" not in calls.names and calls.names.count("scatter") == 1
+
+
+def test_repetition_penalty_ignores_history_ids_beyond_the_logits_width() -> None:
+    # An embedding wider than the LM head: ids 5 and 6 have no logit. Row 1 has no
+    # usable id at all and must come back unchanged.
+    ids = torch.tensor([[0, 5, 0, 5], [6, 5, 6, 5]])
+    logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    penalized = Pipeline([RepetitionPenalty(2.0)])(logits.clone(), ids)
+    assert penalized.tolist() == [[0.5, 2.0, 3.0], [1.0, 2.0, 3.0]]

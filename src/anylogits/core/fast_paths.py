@@ -12,8 +12,8 @@ one kind in vLLM's batch), it may subclass :class:`FastPaths` and implement what
 - :meth:`FastPaths.process_into`: the first processor of a pipeline whose caller keeps
   its logits writes the result straight into the output buffer.
 
-Each is a promise checked bit for bit against ``process`` (``tests/test_candidates.py``,
-``tests/test_processors.py``). The pipeline reaches every processor through the functions
+Each is a promise checked bit for bit against ``process`` (``tests/test_fast_paths.py``,
+``tests/test_pipeline.py``). The pipeline reaches every processor through the functions
 below, which give a processor without fast paths the plain behaviour.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_plugins import install_distribution
+from test_registry import install_distribution
 
 import anylogits
 from anylogits.cli.listing import NOT_IN_MATRIX, catalogue_entries
