@@ -23,6 +23,7 @@ from anylogits.core.specs import from_spec, to_specs
 from anylogits.core.vocab import Vocabulary
 from anylogits.engines.generation import NEW_TOKENS, Generated
 from anylogits.engines.native import Job
+from test_support import child_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 600  # vLLM's start on a CPU takes ~30-60 s; a busy machine, more
@@ -46,7 +47,7 @@ class EngineProcess:
                 stderr=log,
                 text=True,
                 cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+                env=child_environment(),
             )
         self._call("ready")
 

@@ -34,9 +34,7 @@ def llama_cpp_apply(
     ``llama_sampler_accept``, on one row of candidates ``(id, logit, p=0)`` in id order;
     the candidates left afterwards, by id, with removed ones ``-inf``."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from test_support.native_samplers import LlamaCppSampler
-
-    return LlamaCppSampler(make_sampler(llama_cpp), len(logits), history)(logits)
+    return llama_cpp_result(make_sampler(llama_cpp), logits, history)
 
 
 def llama_cpp_result(sampler: Any, logits: np.ndarray, accepted: Sequence[int]) -> np.ndarray:
