@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from anylogits.core.transfer import to_device
+
 if TYPE_CHECKING:
     from anylogits.core.processor import LogitsProcessor
     from anylogits.core.vocab import Vocabulary
@@ -31,6 +33,10 @@ class Batch:
             when sequences are tracked.
         states: for each stateful processor, its states in row order.
         vocab: the bound vocabulary, if any.
+        device: the logits' device. History, lengths and prompt lengths built on the
+            host are copied there once, when first asked for, without blocking the host
+            (see :func:`~anylogits.core.transfer.to_device`); ``None`` leaves each where
+            its source made it.
     """
 
     def __init__(
@@ -42,8 +48,10 @@ class Batch:
         prompt_lengths: TokenSource | None = None,
         states: Mapping[int, Sequence[Any]] | None = None,
         vocab: Vocabulary | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.size = size
+        self.device = device
         self._token_source = token_ids
         self._token_ids: torch.Tensor | None = None
         self._lengths = lengths
@@ -62,14 +70,16 @@ class Batch:
                 raise RuntimeError(
                     "this backend passed no token history, but a processor asked for it"
                 )
-            self._token_ids = source() if callable(source) else source
+            self._token_ids = self._placed(source() if callable(source) else source)
         return self._token_ids
 
     @property
     def lengths(self) -> torch.Tensor:
         """``(B,)`` number of real tokens in each row."""
         if callable(self._lengths):
-            self._lengths = self._lengths()
+            self._lengths = self._placed(self._lengths())
+        elif isinstance(self._lengths, torch.Tensor):
+            self._lengths = self._placed(self._lengths)
         if self._lengths is None:
             ids = self.token_ids
             self._lengths = torch.full((ids.shape[0],), ids.shape[1], device=ids.device)
@@ -87,7 +97,9 @@ class Batch:
     def prompt_lengths(self) -> torch.Tensor:
         """``(B,)`` prompt length of each row's sequence."""
         if callable(self._prompt_lengths):
-            self._prompt_lengths = self._prompt_lengths()
+            self._prompt_lengths = self._placed(self._prompt_lengths())
+        elif isinstance(self._prompt_lengths, torch.Tensor):
+            self._prompt_lengths = self._placed(self._prompt_lengths)
         if self._prompt_lengths is None:
             raise RuntimeError(
                 "prompt lengths are only known to processors that set needs_sequences = True"
@@ -98,6 +110,9 @@ class Batch:
     def generated_lengths(self) -> torch.Tensor:
         """``(B,)`` number of tokens generated after the prompt in each row."""
         return self.lengths.to(self.prompt_lengths.device) - self.prompt_lengths
+
+    def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.device is None else to_device(tensor, self.device)
 
     def states(self, processor: LogitsProcessor) -> Sequence[Any]:
         """The states of ``processor`` for each row, in row order."""

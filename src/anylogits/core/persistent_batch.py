@@ -281,6 +281,7 @@ class PersistentBatch:
                 prompt_lengths=prompt_lengths,
                 states=states,
                 vocab=pipeline.vocab,
+                device=logits.device,
             )
             result = pipeline.apply(rows, batch)
             if row_group.span is not None and result is rows:

@@ -163,7 +163,7 @@ class Pipeline:
                 :meth:`~anylogits.core.fast_paths.FastPaths.process_into`).
         """
         self.check_logits(logits)
-        return self.apply(logits, self._batch(logits.shape[0], token_ids, lengths), out=out)
+        return self.apply(logits, self._batch(logits, token_ids, lengths), out=out)
 
     def apply(
         self, logits: torch.Tensor, batch: Batch, *, out: torch.Tensor | None = None
@@ -197,7 +197,7 @@ class Pipeline:
         neither the full rows written nor scanned for the tokens left. ``logits`` may
         have been edited in place by the processors before that run."""
         self.check_logits(logits)
-        batch = self._batch(logits.shape[0], token_ids, lengths)
+        batch = self._batch(logits, token_ids, lengths)
         return self._run(logits, batch, None, compact=True)
 
     def _run(
@@ -235,10 +235,11 @@ class Pipeline:
         return self._stateful
 
     def _batch(
-        self, size: int, token_ids: TokenSource | None, lengths: torch.Tensor | None
+        self, logits: torch.Tensor, token_ids: TokenSource | None, lengths: torch.Tensor | None
     ) -> Batch:
+        size, device = logits.shape[0], logits.device
         if self.tracker is None:
-            return Batch(size, token_ids, lengths=lengths, vocab=self.vocab)
+            return Batch(size, token_ids, lengths=lengths, vocab=self.vocab, device=device)
         if token_ids is None:
             raise ValueError(
                 "these processors track sequences, so the token history (prompt + "
@@ -256,11 +257,10 @@ class Pipeline:
             size,
             ids,
             lengths=lengths,
-            prompt_lengths=lambda: torch.tensor(
-                [node.prompt_length for node in nodes], device=ids.device
-            ),
+            prompt_lengths=lambda: torch.tensor([node.prompt_length for node in nodes]),
             states=states,
             vocab=self.vocab,
+            device=device,
         )
 
     def check_logits(self, logits: torch.Tensor) -> None:
