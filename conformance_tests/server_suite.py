@@ -28,7 +28,6 @@ from anylogits import (
     to_specs,
 )
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
-from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES, EOS
 from conformance_tests.servers import (
     Server,
     Servers,
@@ -36,6 +35,7 @@ from conformance_tests.servers import (
     client_of,
     load_installed_plugins,
 )
+from test_support.generation_cases import COUNTING, CROSS_ENGINE_CASES, EOS
 from test_support.hostile import BAD_PAYLOADS
 from test_support.probes import RaiseAfter
 

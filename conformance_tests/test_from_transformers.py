@@ -11,7 +11,7 @@ import pytest
 
 from anylogits import from_transformers
 from anylogits.engines.generation import GenerationEngine, TransformersEngine
-from conformance_tests.generation_cases import COUNTING
+from test_support.generation_cases import COUNTING
 
 pytestmark = pytest.mark.slow
 

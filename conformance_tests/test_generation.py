@@ -25,18 +25,6 @@ from hypothesis import strategies as st
 from anylogits import JSONSchema, LogitsProcessor, Regex
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
 from anylogits.engines.native import NoNative
-from conformance_tests.generation_cases import (
-    COUNTING,
-    CROSS_ENGINE_CASES,
-    WITHOUT_THE_PROCESSOR,
-    check_watermark_detected,
-)
-from conformance_tests.native_jobs import (
-    NATIVE_JOBS,
-    NATIVE_RUNS,
-    SAMPLED_TOKENS,
-    in_engine_order,
-)
 from conformance_tests.structured_cases import (
     BATCHES,
     GENERATION,
@@ -47,6 +35,18 @@ from conformance_tests.structured_cases import (
     SCHEMAS,
     check_json,
     check_regex,
+)
+from test_support.generation_cases import (
+    COUNTING,
+    CROSS_ENGINE_CASES,
+    WITHOUT_THE_PROCESSOR,
+    check_watermark_detected,
+)
+from test_support.native_jobs import (
+    NATIVE_JOBS,
+    NATIVE_RUNS,
+    SAMPLED_TOKENS,
+    in_engine_order,
 )
 
 pytestmark = pytest.mark.slow

@@ -40,7 +40,7 @@ from anylogits import (  # noqa: E402
     for_transformers,
 )
 from anylogits.engines.generation import NEW_TOKENS  # noqa: E402
-from conformance_tests.generation_cases import COUNTING, EOS  # noqa: E402
+from test_support.generation_cases import COUNTING, EOS  # noqa: E402
 from test_support.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,

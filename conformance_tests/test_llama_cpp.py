@@ -32,7 +32,7 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.adapters.llama_cpp import SHRINK_BELOW, vocabulary_of  # noqa: E402
 from anylogits.engines.generation import LlamaCppEngine  # noqa: E402
-from conformance_tests.generation_cases import (  # noqa: E402
+from test_support.generation_cases import (  # noqa: E402
     COUNTING,
     SMALL_CHOICES,
     SMALL_GBNF,

@@ -29,7 +29,7 @@ from anylogits import (  # noqa: E402
 from anylogits.adapters.mlx import MlxLogitsProcessor  # noqa: E402
 from anylogits.core.batch import Batch  # noqa: E402
 from anylogits.engines.generation import NEW_TOKENS, MlxEngine  # noqa: E402
-from conformance_tests.generation_cases import COUNTING  # noqa: E402
+from test_support.generation_cases import COUNTING  # noqa: E402
 from test_support.probes import (  # noqa: E402
     GeneratedHashBias,
     GeneratedHashBiasRecompute,

@@ -40,7 +40,7 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.engines.generation import VllmEngine  # noqa: E402
 from anylogits.engines.vllm_recording import RecordingAnyLogits  # noqa: E402
-from conformance_tests.generation_cases import (  # noqa: E402
+from test_support.generation_cases import (  # noqa: E402
     COUNTING,
     SMALL_CHOICES,
     SMALL_GBNF,

@@ -376,3 +376,97 @@ def test_the_unreleased_first_class_names_are_gone() -> None:
 
     for name in ("AnyLogitsV1", "AnyLogitsV1ArgmaxInvariant", "AnyLogitsV2"):
         assert not hasattr(vllm, name), name
+
+
+# --------------------------------------------------------------------------- V2 on a device
+
+
+def _v2_step_on_device(
+    spec_sets: list[list[str]], drafts: list[list[int]], steps: int = 3
+) -> list[tuple[int, int]]:
+    """AnyLogitsV2Runner with the runner's buffers and the step's LogitsContext on an
+    emulated device (test_support.emulated_device), each result checked against the core
+    oracle: ``(blocking host->device copies, device reads)`` of each step's ``apply``."""
+    from test_support.emulated_device import EmulatedDevice, host_values, on_device
+
+    slots, max_len = len(spec_sets), 64
+    prompts = [[1 + slot, 2, 3, 1 + slot][: 2 + slot] for slot in range(slots)]
+    held = [list(p) for p in prompts]
+    generator = torch.Generator().manual_seed(0)
+    counts = []
+    with EmulatedDevice() as device:
+        tokens = on_device(torch.zeros(slots, max_len, dtype=torch.int32))
+        total = on_device(torch.zeros(slots, dtype=torch.int32))
+        prompt_len = SimpleNamespace(np=torch.zeros(slots, dtype=torch.int32).numpy())
+        states = V2_INTERFACE.LogitsProcRequestState(
+            device=device.device,
+            max_num_reqs=slots,
+            vocab_size=VOCAB,
+            all_token_ids=SimpleNamespace(gpu=tokens),
+            prompt_len=prompt_len,
+            prefill_len=SimpleNamespace(np=prompt_len.np.copy()),
+            total_len=SimpleNamespace(gpu=total),
+        )
+        runner = AnyLogitsV2Runner(VllmConfig(), states)
+        oracles = []
+        for slot, spec_set in enumerate(spec_sets):
+            prompt_len.np[slot] = len(prompts[slot])
+            assert runner.add_request(slot, params(spec_set))
+            oracles.append(Oracle(spec_set, prompts[slot]))
+        for _ in range(steps):
+            for slot, sequence in enumerate(held):  # the runner's staged writes
+                host_values(tokens)[slot, : len(sequence)] = torch.tensor(sequence)
+                host_values(total)[slot] = len(sequence)
+            rows, offsets, inputs, histories = [], [], [], []
+            for slot, sequence in enumerate(held):
+                for p in range(len(drafts[slot]) + 1):
+                    rows.append(slot)
+                    offsets.append(p)
+                    inputs.append(sequence[-1] if p == 0 else drafts[slot][p - 1])
+                    histories.append(sequence + drafts[slot][:p])
+            logits = torch.randn(len(rows), VOCAB, generator=generator)
+            expected = torch.stack(
+                [oracles[s].expected(logits[i], histories[i]) for i, s in enumerate(rows)]
+            )
+            as_int = lambda values: on_device(torch.tensor(values, dtype=torch.int32))  # noqa: E731
+            ctx = V2_INTERFACE.LogitsContext(
+                expanded_idx_mapping=as_int(rows),
+                idx_mapping=as_int(list(range(slots))),
+                idx_mapping_np=torch.arange(slots, dtype=torch.int32).numpy(),
+                expanded_local_pos=as_int(offsets),
+                input_ids=as_int(inputs),
+                pos=as_int([len(h) - 1 for h in histories]),
+                seq_lens_upper_bound_np=torch.tensor(
+                    [len(s) + len(d) for s, d in zip(held, drafts, strict=True)]
+                ).numpy(),
+            )
+            with device.counting() as transfers:
+                actual = runner.apply(on_device(logits), ctx)
+            torch.testing.assert_close(host_values(actual), expected, rtol=0, atol=0)
+            counts.append((transfers.blocking_copies, transfers.device_reads))
+            for slot, sequence in enumerate(held):
+                sequence.append(int(expected[rows.index(slot)].argmax()))
+    return counts
+
+
+def test_v2_runner_reads_no_history_back_for_stateless_requests() -> None:
+    """Penalties and n-gram bans read ``all_token_ids`` on the device: nothing comes back."""
+    counts = _v2_step_on_device(
+        [["repetition_penalty"], ["no_repeat_ngram", "min_new_tokens"]], [[], []]
+    )
+    assert counts[-1] == (0, 0), counts
+
+
+def test_v2_runner_reads_committed_tokens_once_for_host_states() -> None:
+    """A stateful processor advances on the host: one read of (ends, tokens) per step."""
+    counts = _v2_step_on_device([["repetition_penalty"], ["stateful_probe"]], [[], []])
+    assert counts[-1] == (0, 1), counts
+
+
+def test_v2_runner_speculative_rows_read_the_layout_once() -> None:
+    """Draft rows: which row belongs to which request is known on the device only, one
+    read; stateless groups still gather their histories (drafts included) there."""
+    counts = _v2_step_on_device(
+        [["repetition_penalty"], ["no_repeat_ngram"], ["logit_bias"]], [[4, 5], [], [6]]
+    )
+    assert counts[-1] == (0, 1), counts

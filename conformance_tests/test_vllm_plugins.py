@@ -24,8 +24,8 @@ from anylogits.engines.generation import (  # noqa: E402
     TransformersEngine,
     vllm_environment,
 )
-from conformance_tests.generation_cases import COUNTING  # noqa: E402
 from test_support import child_environment  # noqa: E402
+from test_support.generation_cases import COUNTING  # noqa: E402
 from test_support.probes import GeneratedHashBias  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]

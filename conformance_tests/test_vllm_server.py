@@ -28,7 +28,6 @@ from anylogits import (  # noqa: E402
     vllm_xargs,
 )
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
-from conformance_tests.generation_cases import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
 from conformance_tests.server_suite import (  # noqa: E402, F401  (run here too)
     test_concurrent_clients_get_what_each_gets_alone,
     test_the_serving_pages_client_talks_to_this_server,
@@ -39,6 +38,7 @@ from conformance_tests.servers import (  # noqa: E402
     check_spec_message,
     load_installed_plugins,
 )
+from test_support.generation_cases import COUNTING, CROSS_ENGINE_CASES  # noqa: E402
 from test_support.hostile import BAD_PAYLOADS  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("vllm")]

@@ -19,6 +19,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.transfer import host_tensor_to, to_device
 
 _MULTIPLIER = 31
 _MODULUS = 1_000_003
@@ -33,7 +34,7 @@ def generated_hash(tokens: Iterable[int]) -> int:
 
 
 def _boost(logits: torch.Tensor, hashes: torch.Tensor, bias: float) -> torch.Tensor:
-    targets = (hashes.to(logits.device) % logits.shape[-1])[:, None]
+    targets = (to_device(hashes, logits.device) % logits.shape[-1])[:, None]
     boost = torch.full_like(targets, bias, dtype=logits.dtype)
     return logits.scatter_add_(1, targets, boost)
 
@@ -64,7 +65,7 @@ class GeneratedHashBias(StatefulLogitsProcessor[int]):
         return (state * _MULTIPLIER + token_id + 1) % _MODULUS
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        hashes = torch.tensor(list(batch.states(self)), dtype=torch.int64)
+        hashes = host_tensor_to(list(batch.states(self)), logits.device, torch.int64)
         return _boost(logits, hashes, self.bias)
 
 
@@ -87,8 +88,8 @@ class GeneratedHashBiasRecompute(LogitsProcessor):
         return {"prompt_length": self.prompt_length, "bias": self.bias}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        ids = batch.token_ids.to("cpu", torch.int64)
-        hashes = torch.zeros(ids.shape[0], dtype=torch.int64)
+        ids = to_device(batch.token_ids, logits.device).to(torch.int64)
+        hashes = torch.zeros(ids.shape[0], dtype=torch.int64, device=ids.device)
         for column in range(self.prompt_length, ids.shape[1]):
             hashes = (hashes * _MULTIPLIER + ids[:, column] + 1) % _MODULUS
         return _boost(logits, hashes, self.bias)

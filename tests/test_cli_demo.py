@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from anylogits.cli.demo.cases import STOP, demo_cases
+from anylogits.cli.demo.cases import STOP, Case, demo_cases
 from anylogits.cli.demo.progress import step
 
 
@@ -89,3 +89,16 @@ def test_a_stop_string_is_compared_up_to_the_stop_and_only_if_generation_ended_t
     # A generation that went on past the stop is compared whole, so it differs.
     assert case.compared([*stopped, 2, 4, 0], {0}) == [*stopped, 2, 4, 0]
     assert case.compared([*stopped, 4], {0}) == [*stopped, 4]
+
+
+def test_off_the_cpu_the_watermark_is_not_compared_with_transformers_own() -> None:
+    # transformers draws its greenlists with the device's generator: on CUDA they are not
+    # its CPU ones, while anylogits' are the same on every device.
+    def watermark(device: str) -> Case:
+        cases = demo_cases([4, 2, 1], 0, tokenizer=Words(), vocab_size=5, device=device)
+        return next(case for case in cases if case.label.startswith("Watermark"))
+
+    on_cpu, on_cuda = watermark("cpu"), watermark("cuda:0")
+    assert on_cpu.job == {"watermarking_config": {"bias": 3.0}}
+    assert on_cuda.job is None and "device's generator" in on_cuda.no_native
+    assert on_cuda.outcome is not None  # its own tokens must still be detected

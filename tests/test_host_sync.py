@@ -25,7 +25,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anylogits import LogitsProcessor, Pipeline, StatefulLogitsProcessor, Vocabulary, from_spec
+from anylogits import LogitsProcessor, Pipeline, StatefulLogitsProcessor, from_spec
 from anylogits.core.batch import Batch
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.sync import forbid_host_sync
@@ -33,7 +33,15 @@ from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.processors import watermark as watermark_module
 from anylogits.processors._greenlist import GreenlistCache
 from anylogits.processors.dry import _dense_ranks
-from test_support.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS, catalogue_classes
+from test_support.catalogue import catalogue_classes
+from test_support.engine_rows import (
+    CASES,
+    PROMPTS,
+    SLOT_SPECS,
+    STACK_VARIANTS,
+    VOCAB,
+    WIDTH,
+)
 from test_support.host_reads import HostReads
 
 # ---------------------------------------------------------------------------------------
@@ -80,48 +88,7 @@ def test_the_counter_sees_every_kind_of_host_read() -> None:
 # Rows as an engine hands them
 # ---------------------------------------------------------------------------------------
 
-# A byte-level vocabulary with a few merges (DRY finds breakers across tokens), filler
-# tokens up to 4,096 (wide enough for the truncations' top-k chunks to matter), an EOS,
-# and logits padded wider than the vocabulary.
-_MERGES = (b"12", b" 1", b"ab", b" Sure", b"\n\n", b"x\n")
-_BYTES_AND_MERGES = (*(bytes([b]) for b in range(256)), *_MERGES)
-_FILLER = tuple(f"<{i}>".encode() for i in range(4095 - len(_BYTES_AND_MERGES)))
-VOCAB = Vocabulary(
-    tokens=(*_BYTES_AND_MERGES, *_FILLER, b"</s>"),
-    eos_token_ids=frozenset({4095}),
-    special_token_ids=frozenset({4095}),
-    encode=lambda text: list(text.encode("utf-8")),  # byte by byte: merges never apply
-)
-WIDTH = VOCAB.size + 8
-
-
-# Ragged prompts with repeats (DRY, NoRepeatNGram and the penalties find work).
-PROMPTS = ([1, 2, 3, 1, 2], [48, 49, 50, 5, 48, 49, 50, 51, 10, 48, 49], [3, 4, 3])
 STEPS = 6  # calls per run: the prompt, then five generated tokens
-
-
-def _cases() -> dict[str, dict[str, Any]]:
-    cases = dict(PROCESSOR_SPECS)
-    for name, spec in VOCABULARY_SPECS.items():
-        cases[f"{name} (text)" if name in cases else name] = spec
-    # Other branches of catalogue processors than their catalogue configuration takes.
-    cases["watermark (lefthash)"] = {"type": "watermark", "seeding_scheme": "lefthash"}
-    cases["force_sequence (zoo)"] = {"type": "force_sequence", "phrase": [3, 5], "strict": False}
-    cases["dry (multi-token breakers)"] = {
-        "type": "dry",
-        "multiplier": 0.8,
-        "allowed_length": 1,
-        "sequence_breakers": ["\n\n###", "x\n1"],
-    }
-    cases["trigger_phrase (replacing)"] = {
-        "type": "trigger_phrase",
-        "trigger": [7],
-        "phrase": [4, 6],
-    }
-    return cases
-
-
-CASES = _cases()
 
 
 def _is_stateful(spec: dict[str, Any]) -> bool:
@@ -202,16 +169,18 @@ def count_host_reads(
 # generator must be seeded with token values.
 HOST_READS: dict[str, tuple[int, str]] = {
     "watermark": (
-        738,
+        726,
         "selfhash: greenlists are drawn by CPU generators seeded by the 40 likeliest tokens "
-        "and the context, so both go to the host (cpu x2 per call), then their seeds "
-        "(tolist x3 per call) and each (seed, token) answer not cached yet (__bool__ on a "
-        "CPU greenlist); nonzero: rows whose 40th place is tied are sorted as transformers "
-        "does",
+        "and the context, so the candidates and which rows tie at the 40th place go to the "
+        "host in one read (cpu x1 per call; the context with them when the history is on "
+        "the device, else the host history's); then, on the host, the tied rows (tolist), "
+        "the seeds (tolist), the candidates (tolist) and each (seed, token) answer not "
+        "cached yet (__bool__ on a CPU greenlist); a tied row would cost one more read",
     ),
     "watermark (lefthash)": (
         STEPS,
-        "the previous tokens seed CPU generators that draw the greenlists: tolist x1 per call",
+        "the previous tokens seed CPU generators that draw the greenlists: tolist x1 per "
+        "call, of the host history (a history on the device: .cpu() of its last column)",
     ),
     "force_last_phrase": (
         STEPS,
@@ -223,9 +192,9 @@ HOST_READS: dict[str, tuple[int, str]] = {
         "whether the trigger was the top choice goes into the state: tolist x1 per call",
     ),
     "gen_length": (
-        STEPS,
-        "each row's boost is an exact Python integer power of its generated length, as the "
-        "zoo computes it (float pow may round): tolist x1 per call",
+        0,
+        "stateful: whether a row is boosted is in the state; the exact integer power of its "
+        "generated length is taken on the device (int64)",
     ),
     "xtc": (0, "stateful: coin flips are in the state (host), the removal is on the device"),
     "cite_from_prompt": (0, "stateful: prompt ids are host tensors in the state, sent as is"),
@@ -243,26 +212,6 @@ HOST_READS: dict[str, tuple[int, str]] = {
         ("json_schema", "regex", "choice", "grammar"),
         (0, "stateful: the grammar's bitmask is filled on the host, then applied"),
     ),
-}
-
-# A second configuration of each stateless case whose class stacks rows with different
-# parameters (LogitsProcessor.stack -> RowwiseProcessor, vLLM's grouped rows).
-STACK_VARIANTS: dict[str, dict[str, Any]] = {
-    "temperature": {"type": "temperature", "temperature": 1.3},
-    "top_k": {"type": "top_k", "top_k": 40},
-    "min_p": {"type": "min_p", "min_p": 0.05},
-    "repetition_penalty": {"type": "repetition_penalty", "penalty": 1.2, "context_size": 4},
-    "logit_bias": {"type": "logit_bias", "bias": {"7": -1.0}},
-    "suppress_tokens": {"type": "suppress_tokens", "token_ids": [9, 1, 2]},
-    "typical_p": {"type": "typical_p", "mass": 0.9},
-    "epsilon_cutoff": {"type": "epsilon_cutoff", "epsilon": 0.0003},
-    "eta_cutoff": {"type": "eta_cutoff", "epsilon": 0.0009},
-    "top_n_sigma": {"type": "top_n_sigma", "n": 2.5},
-    "top_h": {"type": "top_h", "top_h": 0.8},
-    "presence_penalty": {"type": "presence_penalty", "penalty": -0.25},
-    "frequency_penalty": {"type": "frequency_penalty", "penalty": 1.5},
-    "dry": {"type": "dry", "multiplier": 0.3, "allowed_length": 2, "sequence_breakers": []},
-    "dry (text)": {"type": "dry", "multiplier": 1.2, "base": 2.0, "penalty_last_n": 6},
 }
 
 
@@ -331,24 +280,6 @@ def test_host_reads_in_stacked_rows(name: str) -> None:
 # PersistentBatch's per-step path (vLLM's), around the processors
 # ---------------------------------------------------------------------------------------
 
-# Rows 0-2 run the same kinds with different parameters: one stacked call (pipelines that
-# track sequences never stack). Row 3 tracks its sequence (stateful, generated lengths).
-SLOT_SPECS: list[list[dict[str, Any]]] = [
-    [
-        {"type": "repetition_penalty", "penalty": penalty},
-        {"type": "logit_bias", "bias": {str(token): 1.5}},
-        {"type": "suppress_tokens", "token_ids": [token + 1]},
-        {"type": "dry", "multiplier": multiplier, "allowed_length": 1, "sequence_breakers": []},
-    ]
-    for penalty, token, multiplier in ((1.3, 3, 0.8), (1.1, 5, 0.5), (2.0, 3, 0.0))
-]
-SLOT_SPECS.append(
-    [
-        {"type": "presence_penalty", "penalty": 0.5},
-        {"type": "min_new_tokens", "min_new_tokens": 3},
-        {"type": "stop_strings", "stop_strings": ["5"]},
-    ]
-)
 
 # PersistentBatch advances the states of the row that tracks its sequence over the tokens the
 # engine committed since the last step: a read of the request's token buffer, host memory

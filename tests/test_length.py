@@ -292,6 +292,32 @@ def test_gen_length_boost_grows_per_row_and_stops_after_the_boosted_token() -> N
     assert torch.equal(out, torch.zeros(3, phrases.V))
 
 
+@pytest.mark.parametrize("p", [0, 1, 2, 3, 4, 6, 9])
+def test_gen_length_powers_are_pythons_exact_integer_powers(p: int) -> None:
+    # Taken where the lengths are (no host read): exact in int64 while n ** p < 2**63,
+    # rounded to float64 once, as Python's float(n ** p); beyond, within an ulp of it.
+    largest = length_module._largest_exact_base(p)
+    if largest is not None:
+        assert largest**p < 2**63 <= (largest + 1) ** p
+    lengths = [0, 1, 2, 3, 10, 99, 1000, 65_535, 2**20 + 1, 2_097_151, 3_000_000_000]
+    exact = [n for n in lengths if largest is None or n <= largest] + [largest or 7]
+    powers = length_module._exact_powers(torch.tensor(exact), p)
+    assert powers.tolist() == [float(n**p) for n in exact]
+    beyond = [n for n in lengths if largest is not None and n > largest]
+    approximate = length_module._exact_powers(torch.tensor(beyond, dtype=torch.int64), p)
+    for n, power in zip(beyond, approximate.tolist(), strict=True):
+        assert math.isclose(power, float(n**p), rel_tol=2**-52)
+
+
+def test_gen_length_reads_nothing_on_the_device() -> None:
+    # Logits on `meta` hold no values: a read of one fails, where a GPU's would stall.
+    pipeline = Pipeline([GenLength(0.5, p=3)], phrases.VOCAB)
+    pipeline(torch.empty(2, phrases.V, device="meta"), torch.tensor([[16, 17], [16, 18]]))
+    ids = torch.tensor([[16, 17, 22, 22], [16, 18, 22, phrases.EOS]])
+    out = pipeline(torch.empty(2, phrases.V, device="meta"), ids)
+    assert out.device.type == "meta"
+
+
 def test_gen_length_complete_sentences_boosts_only_after_a_sentence_end() -> None:
     pipeline = Pipeline(
         [GenLength(1.0, p=1, complete_sentences=True, boost_token="<end>")], phrases.VOCAB

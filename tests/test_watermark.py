@@ -14,6 +14,7 @@ import torch
 import anylogits.processors.watermark as watermark_module
 import anylogits.processors.watermark_detection as detection_module
 from anylogits import Pipeline, Vocabulary, from_spec
+from anylogits.core.batch import Batch
 from anylogits.processors._greenlist import GreenlistCache
 from anylogits.processors.watermark import Watermark, likeliest_tokens
 from anylogits.processors.watermark_detection import WatermarkDetection, detect_watermark
@@ -165,6 +166,24 @@ def test_tied_candidates_are_scored_in_sort_order() -> None:
     candidates = likeliest_tokens(logits, 40)
     assert candidates.shape == (1, 40)
     assert set(candidates[0].tolist()) == set(logits[0].sort(descending=True).indices[:40].tolist())
+
+
+def test_lefthash_seeds_from_a_host_history_without_reading_the_device() -> None:
+    # Logits on `meta` hold no values: a read of one fails, where a GPU's would stall. The
+    # history is on the host, as vLLM's runner holds it: its last tokens are read there.
+    history = torch.tensor([[1, 2], [3, 4]])
+    out = Pipeline([Watermark(0.5, 2.0)])(torch.empty(2, 64, device="meta"), history)
+    assert out.device.type == "meta"
+
+
+def test_a_batch_gives_the_host_history_as_the_engine_made_it() -> None:
+    history = torch.tensor([[1, 2], [3, 4]])
+    batch = Batch(2, lambda: history, device=torch.device("meta"))
+    assert batch.history_on_host
+    assert batch.host_token_ids is history
+    assert batch.token_ids.device.type == "meta"
+    on_device = Batch(2, torch.zeros(2, 2, dtype=torch.int64, device="meta"))
+    assert not on_device.history_on_host
 
 
 def test_greenlist_cache_is_bounded_by_ids_held() -> None:

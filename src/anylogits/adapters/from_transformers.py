@@ -27,6 +27,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor
+from anylogits.core.transfer import to_device
 
 SPEC_NAME = "transformers_object"
 
@@ -91,10 +92,10 @@ class TransformersProcessor(LogitsProcessor):
         return {"object_id": self.object_id, "pad_token_id": self.pad_token_id}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        ids = batch.token_ids.to(logits.device)
+        ids = to_device(batch.token_ids, logits.device)
         # Our history is right-aligned like transformers' left-padded batch; only the
         # padding value differs.
-        padded = torch.where(batch.valid_mask.to(logits.device), ids, self.pad_token_id)
+        padded = torch.where(to_device(batch.valid_mask, logits.device), ids, self.pad_token_id)
         return self.processor(padded, logits)
 
     def __repr__(self) -> str:

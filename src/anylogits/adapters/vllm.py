@@ -44,6 +44,7 @@ from anylogits.adapters.vllm_requests import (
     request_specs,
     validate_request,
 )
+from anylogits.core.device_history import SlotHistory, committed_since
 from anylogits.core.limits import limits
 from anylogits.core.registry import load_plugins
 from anylogits.core.specs import from_spec
@@ -192,10 +193,14 @@ if V2LogitsProcessor is not None:
     class AnyLogitsV2Runner(V2LogitsProcessor):
         """Every request's anylogits processors, for vLLM's V2 model runner.
 
-        Requests live in slots; a slot's committed tokens are read from the runner's
-        ``all_token_ids`` only when a processor needs them, and rows of draft positions
-        see the committed sequence plus their draft tokens (states advance through the
-        drafts without being committed, so rejected drafts cost nothing to undo).
+        Requests live in slots. Processors that read token histories read them where
+        the runner keeps them, on the device (``all_token_ids``, this step's draft
+        tokens in ``input_ids``, lengths ``pos + 1``): nothing comes back to the host.
+        Only requests whose processors keep states on the host (grammars, stateful
+        processors) read their new committed tokens, once per step; rows of draft
+        positions see the committed sequence plus their draft tokens (states advance
+        through the drafts without being committed, so rejected drafts cost nothing to
+        undo).
         """
 
         @classmethod
@@ -205,6 +210,8 @@ if V2LogitsProcessor is not None:
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
             self.req_states = req_states
             self.requests = _start_engine(vllm_config)
+            # This step's bound on every row's length (LogitsContext, on the host).
+            self._width = 0
 
         def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
             prompt_length = int(self.req_states.prompt_len.np[req_idx])
@@ -214,35 +221,44 @@ if V2LogitsProcessor is not None:
 
         def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
             requests = self.requests
-            slots = ctx.idx_mapping_np.tolist()
+            slots = ctx.idx_mapping_np.tolist()  # on the host: free
             if not any(slot in requests for slot in slots):
                 return logits
+            draft_rows = logits.shape[0] - len(slots)
+            # Every row sees at most this many tokens (drafts included).
+            self._width = int(ctx.seq_lens_upper_bound_np.max(initial=0)) + draft_rows
+            history = SlotHistory(
+                self.req_states.all_token_ids.gpu,
+                row_slots=ctx.expanded_idx_mapping,
+                row_offsets=ctx.expanded_local_pos,
+                row_inputs=ctx.input_ids,
+                row_positions=ctx.pos,
+                width=self._width,
+            )
             drafts = None
-            if logits.shape[0] != len(slots):
-                # Speculative decoding: a request owns one row per draft position; the
-                # row at offset p scores the token after its first p draft tokens.
-                slots = ctx.expanded_idx_mapping.tolist()
-                offsets = ctx.expanded_local_pos.tolist()
-                inputs = ctx.input_ids.tolist()
+            if draft_rows:
+                # Speculative decoding: a request owns one row per draft position, and
+                # which row is whose is known on the device only: one read per step
+                # (grouping rows by their requests' processors needs it on the host).
+                layout = torch.stack(
+                    [
+                        ctx.expanded_idx_mapping.to(torch.int64),
+                        ctx.expanded_local_pos.to(torch.int64),
+                        ctx.input_ids.to(torch.int64),
+                    ]
+                ).tolist()
+                slots, offsets, inputs = layout
+                # The row at offset p scores the token after its first p draft tokens.
                 drafts = [inputs[row - p + 1 : row + 1] for row, p in enumerate(offsets)]
-            return requests.process(logits, slots, drafts=drafts, committed=self._committed)
+            return requests.process(
+                logits, slots, drafts=drafts, committed=self._committed, device_history=history
+            )
 
         def _committed(self, slots: list[int], starts: list[int]) -> list[list[int]]:
             states = self.req_states
-            index = torch.tensor(slots, device=states.total_len.gpu.device)
-            ends = states.total_len.gpu[index].tolist()
-            width = max(end - start for start, end in zip(starts, ends, strict=True))
-            if width <= 0:
-                return [[] for _ in slots]
-            tokens = states.all_token_ids.gpu
-            columns = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(
-                width, device=tokens.device
+            return committed_since(
+                states.all_token_ids.gpu, states.total_len.gpu, slots, starts, self._width
             )
-            rows = tokens[index].gather(1, columns.clamp(max=tokens.shape[1] - 1)).tolist()
-            return [
-                row[: max(end - start, 0)]
-                for row, start, end in zip(rows, starts, ends, strict=True)
-            ]
 
     class AnyLogits(AnyLogitsV1Runner, AnyLogitsV2Runner):
         """Works under either model runner: register this one when vLLM picks the runner.

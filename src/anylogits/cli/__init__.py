@@ -98,6 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "without one of their own (stop strings, JSON, regex and watermark have theirs)",
     )
     demo.add_argument("--max-new-tokens", type=int, default=24)
+    demo.add_argument(
+        "--device",
+        default="cpu",
+        help="where transformers runs: cpu (the default), cuda, cuda:N or mps; the other "
+        "engines run on their own device",
+    )
     commands.add_parser(
         "tiny-model",
         help="build (or find in the cache) the tiny random-weight model; see --help",
@@ -133,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_new_tokens=args.max_new_tokens,
         model=args.model,
         rounds=args.rounds,
+        device=args.device,
     )
 
 

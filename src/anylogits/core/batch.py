@@ -54,6 +54,9 @@ class Batch:
         self.device = device
         self._token_source = token_ids
         self._token_ids: torch.Tensor | None = None
+        # The history as its source made it, before it was placed on ``device``.
+        self._source_token_ids: torch.Tensor | None = None
+        self._host_token_ids: torch.Tensor | None = None
         self._lengths = lengths
         self._prompt_lengths = prompt_lengths
         self._states = states or {}
@@ -65,13 +68,35 @@ class Batch:
     def token_ids(self) -> torch.Tensor:
         """``(B, L)`` int64 token history, right-aligned."""
         if self._token_ids is None:
+            self._token_ids = self._placed(self._unplaced_token_ids())
+        return self._token_ids
+
+    @property
+    def history_on_host(self) -> bool:
+        """Whether the history's source is host memory (an engine's token lists), so
+        that :attr:`host_token_ids` reads nothing on the device."""
+        return self._unplaced_token_ids().device.type == "cpu"
+
+    @property
+    def host_token_ids(self) -> torch.Tensor:
+        """:attr:`token_ids` on the host, for a processor that must read token values
+        there (a CPU generator seeded by them): the history as its source made it when
+        that is host memory (see :attr:`history_on_host`), else read back from the
+        device once."""
+        if self._host_token_ids is None:
+            source = self._unplaced_token_ids()
+            self._host_token_ids = source if source.device.type == "cpu" else source.cpu()
+        return self._host_token_ids
+
+    def _unplaced_token_ids(self) -> torch.Tensor:
+        if self._source_token_ids is None:
             source = self._token_source
             if source is None:
                 raise RuntimeError(
                     "this backend passed no token history, but a processor asked for it"
                 )
-            self._token_ids = self._placed(source() if callable(source) else source)
-        return self._token_ids
+            self._source_token_ids = source() if callable(source) else source
+        return self._source_token_ids
 
     @property
     def lengths(self) -> torch.Tensor:

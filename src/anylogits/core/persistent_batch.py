@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
-from anylogits.core.pipeline import end_sequences
+from anylogits.core.device_history import DeviceHistory
+from anylogits.core.pipeline import Pipeline, end_sequences
 from anylogits.core.row_groups import GROUP_CACHE, PipelineGroups, RowGroup, brief
 from anylogits.core.slot_requests import (
     CommittedReader,
@@ -30,9 +31,14 @@ from anylogits.core.slot_requests import (
     history_of,
     read_committed,
 )
+from anylogits.core.transfer import host_tensor_to, to_device
 from anylogits.core.vocab import Vocabulary
 
-__all__ = ["GROUP_CACHE", "CommittedReader", "OutputFeed", "PersistentBatch"]
+__all__ = ["GROUP_CACHE", "CommittedReader", "DeviceHistory", "OutputFeed", "PersistentBatch"]
+
+# Per row, speculative tokens that follow the committed sequence; or a function that
+# reads them from the engine, called only when a group's processors need them on the host.
+Drafts = Sequence[Sequence[int]] | Callable[[], Sequence[Sequence[int]]]
 
 
 class PersistentBatch:
@@ -152,8 +158,9 @@ class PersistentBatch:
         logits: torch.Tensor,
         row_slots: Sequence[int] | None = None,
         *,
-        drafts: Sequence[Sequence[int]] | None = None,
+        drafts: Drafts | None = None,
         committed: CommittedReader | None = None,
+        device_history: DeviceHistory | None = None,
     ) -> torch.Tensor:
         """Apply each row's pipeline to ``logits`` in place and return them.
 
@@ -162,16 +169,21 @@ class PersistentBatch:
             row_slots: the slot of each row; ``None`` means row ``i`` is slot ``i``.
             drafts: per row, speculative tokens that follow the committed sequence (the
                 row scores the position after them); states advance through them without
-                being committed.
+                being committed. A function is called only when a group's processors keep
+                states on the host.
             committed: reads committed tokens from the engine, for requests put without
                 an output feed.
+            device_history: the rows' histories where the engine keeps them, on the
+                device. Groups without stateful processors read them there, so neither
+                committed tokens nor drafts come back to the host for them.
         """
         if not self._slots:
             return logits
-        layout = self._row_groups(logits.shape[0], row_slots, drafts)
+        layout = self._row_groups(logits.shape[0], row_slots, drafts is not None)
+        host_drafts = _DraftReader(drafts)
         for row_group in layout:
             try:
-                self._apply(logits, row_group, committed)
+                self._apply(logits, row_group, committed, host_drafts, device_history)
             except Exception as error:  # one request's failure must not stop the engine
                 self._fail(logits, row_group, error)
         return logits
@@ -190,16 +202,16 @@ class PersistentBatch:
         )
         for request in row_group.requests:
             request.group = failed
-        rows = torch.tensor(row_group.rows, device=logits.device)
+        rows = host_tensor_to(row_group.rows, logits.device)
         logits.index_copy_(0, rows, self._end_sequences(logits.index_select(0, rows)))
 
     def _row_groups(
         self,
         batch_size: int,
         row_slots: Sequence[int] | None,
-        drafts: Sequence[Sequence[int]] | None,
+        has_drafts: bool,
     ) -> list[RowGroup]:
-        cacheable = row_slots is None and drafts is None
+        cacheable = row_slots is None and not has_drafts
         if cacheable and self._layout is not None and self._layout[0] == batch_size:
             return self._layout[1]
         by_key: dict[str, RowGroup] = {}
@@ -214,7 +226,6 @@ class PersistentBatch:
             row_group.rows.append(row)
             row_group.slots.append(slot)
             row_group.requests.append(request)
-            row_group.drafts.append(list(drafts[row]) if drafts is not None else [])
         layout = self._groups.stack_same_kinds(list(by_key.values()))
         for row_group in layout:
             first, last = row_group.rows[0], row_group.rows[-1]
@@ -227,7 +238,12 @@ class PersistentBatch:
         return layout
 
     def _apply(
-        self, logits: torch.Tensor, row_group: RowGroup, committed: CommittedReader | None
+        self,
+        logits: torch.Tensor,
+        row_group: RowGroup,
+        committed: CommittedReader | None,
+        drafts: _DraftReader,
+        device_history: DeviceHistory | None,
     ) -> None:
         pipeline = row_group.group.pipeline
         if row_group.span is not None:
@@ -235,54 +251,18 @@ class PersistentBatch:
             rows = logits[start:end]
         else:
             # Kept on the logits' device: the layout is reused while the batch holds.
-            index = row_group.index = row_group.index.to(logits.device)  # type: ignore[union-attr]
+            index = row_group.index = to_device(row_group.index, logits.device)  # type: ignore[arg-type]
             rows = logits.index_select(0, index)
         if pipeline is None:
             rows = self._end_sequences(rows)
         else:
             pipeline.check_logits(logits)
-            requests = row_group.requests
-            synced = False
-
-            def sync() -> None:
-                nonlocal synced
-                if not synced:
-                    read_committed(requests, row_group.slots, committed)
-                    synced = True
-
-            states: dict[int, Sequence[Any]] = {}
-            prompt_lengths = None
-            if pipeline.tracker is not None:
-                sync()
-                nodes = [
-                    draft_node(request, draft)
-                    for request, draft in zip(requests, row_group.drafts, strict=True)
-                ]
-                states = {
-                    id(processor): [node.states[k] for node in nodes]
-                    for k, processor in enumerate(pipeline.stateful)
-                }
-                prompt_lengths = torch.tensor([r.prompt_length for r in requests])
-
-            def history() -> torch.Tensor:
-                sync()
-                return history_of(requests, row_group.drafts)
-
-            def lengths() -> torch.Tensor:
-                sync()
-                return torch.tensor(
-                    [r.length + len(d) for r, d in zip(requests, row_group.drafts, strict=True)]
+            if device_history is not None and not pipeline.stateful:
+                batch = _device_batch(pipeline, row_group, device_history, logits.device)
+            else:
+                batch = _host_batch(
+                    pipeline, row_group, committed, drafts.of(row_group.rows), logits.device
                 )
-
-            batch = Batch(
-                len(requests),
-                history,
-                lengths=lengths,
-                prompt_lengths=prompt_lengths,
-                states=states,
-                vocab=pipeline.vocab,
-                device=logits.device,
-            )
             result = pipeline.apply(rows, batch)
             if row_group.span is not None and result is rows:
                 return
@@ -300,3 +280,93 @@ class PersistentBatch:
         except Exception:  # the engine's tokenizer failed to load: no EOS to force
             vocab = None
         return end_sequences(rows, vocab)
+
+
+class _DraftReader:
+    """The drafts of a call, read from the engine at most once, when first asked for."""
+
+    def __init__(self, drafts: Drafts | None) -> None:
+        self._source = drafts
+        self._read: Sequence[Sequence[int]] | None = None
+
+    def of(self, rows: Sequence[int]) -> list[list[int]]:
+        if self._source is None:
+            return [[] for _ in rows]
+        if self._read is None:
+            self._read = self._source() if callable(self._source) else self._source
+        return [list(self._read[row]) for row in rows]
+
+
+def _host_batch(
+    pipeline: Pipeline,
+    row_group: RowGroup,
+    committed: CommittedReader | None,
+    drafts: list[list[int]],
+    device: torch.device,
+) -> Batch:
+    """The rows' Batch from each request's host token buffer, committed tokens read from
+    the engine first (once, and only when a processor or a state needs them)."""
+    requests = row_group.requests
+    synced = False
+
+    def sync() -> None:
+        nonlocal synced
+        if not synced:
+            read_committed(requests, row_group.slots, committed)
+            synced = True
+
+    states: dict[int, Sequence[Any]] = {}
+    prompt_lengths = None
+    if pipeline.tracker is not None:
+        sync()
+        nodes = [
+            draft_node(request, draft) for request, draft in zip(requests, drafts, strict=True)
+        ]
+        states = {
+            id(processor): [node.states[k] for node in nodes]
+            for k, processor in enumerate(pipeline.stateful)
+        }
+        prompt_lengths = torch.tensor([r.prompt_length for r in requests])
+
+    def history() -> torch.Tensor:
+        sync()
+        return history_of(requests, drafts)
+
+    def lengths() -> torch.Tensor:
+        sync()
+        return torch.tensor([r.length + len(d) for r, d in zip(requests, drafts, strict=True)])
+
+    return Batch(
+        len(requests),
+        history,
+        lengths=lengths,
+        prompt_lengths=prompt_lengths,
+        states=states,
+        vocab=pipeline.vocab,
+        device=device,
+    )
+
+
+def _device_batch(
+    pipeline: Pipeline, row_group: RowGroup, history: DeviceHistory, device: torch.device
+) -> Batch:
+    """The rows' Batch from the engine's device-resident histories: nothing is read back."""
+    gathered: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rows() -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal gathered
+        if gathered is None:
+            gathered = history.rows(row_group.rows)
+        return gathered
+
+    prompt_lengths = None
+    if pipeline.tracker is not None:
+        prompt_lengths = torch.tensor([r.prompt_length for r in row_group.requests])
+    return Batch(
+        len(row_group.requests),
+        lambda: rows()[0],
+        lengths=lambda: rows()[1],
+        prompt_lengths=prompt_lengths,
+        vocab=pipeline.vocab,
+        device=device,
+    )

@@ -32,14 +32,13 @@ def brief(key: str, size: int = 300) -> str:
 class RowGroup:
     """The rows of one call that share a pipeline."""
 
-    __slots__ = ("drafts", "group", "index", "requests", "rows", "slots", "span")
+    __slots__ = ("group", "index", "requests", "rows", "slots", "span")
 
     def __init__(self, group: PipelineGroup) -> None:
         self.group = group
         self.rows: list[int] = []
         self.slots: list[int] = []
         self.requests: list[SlotRequest] = []
-        self.drafts: list[list[int]] = []
         self.index: torch.Tensor | None = None
         self.span: tuple[int, int] | None = None
 
@@ -103,10 +102,10 @@ class PipelineGroups:
 
     def _stacked(self, groups: list[RowGroup]) -> RowGroup | None:
         members = sorted(
-            (row, slot, request, draft)
+            (row, slot, request)
             for row_group in groups
-            for row, slot, request, draft in zip(
-                row_group.rows, row_group.slots, row_group.requests, row_group.drafts, strict=True
+            for row, slot, request in zip(
+                row_group.rows, row_group.slots, row_group.requests, strict=True
             )
         )
         key = "stack:" + "|".join(m[2].group.key for m in members)
@@ -124,9 +123,8 @@ class PipelineGroups:
                 stacked.append(processor)
             group = self._groups.put(key, PipelineGroup(key, Pipeline(stacked, self.vocab()), None))
         merged = RowGroup(group)
-        for row, slot, request, draft in members:
+        for row, slot, request in members:
             merged.rows.append(row)
             merged.slots.append(slot)
             merged.requests.append(request)
-            merged.drafts.append(draft)
         return merged

@@ -88,7 +88,8 @@ class GenerationEngine(Protocol):
 
 class TransformersEngine:
     """``model.generate`` on one unpadded prompt; batches left-padded by hand (the shared
-    reference tokenizer has no pad token to change)."""
+    reference tokenizer has no pad token to change). Inputs go to the model's device:
+    ``engine.model.to("cuda")`` runs it there (``anylogits demo --device cuda``)."""
 
     name = "transformers"
 
@@ -143,9 +144,10 @@ class TransformersEngine:
     def run(self, prompt: list[int], hooks: Any, n: int, **options: Any) -> list[int]:
         """``generate``'s new tokens of one prompt with ``hooks`` (a
         ``LogitsProcessorList`` or ``None``) and ``options`` (generation arguments)."""
+        device = self.model.device
         output = self.model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
             max_new_tokens=n,
             logits_processor=hooks,
             pad_token_id=self.tokenizer.eos_token_id,
@@ -168,8 +170,9 @@ class TransformersEngine:
         ids = list(prompt)
         with torch.no_grad():
             for _ in range(n):
-                logits = self.model(torch.tensor([ids])).logits[:, -1, :].to(torch.float32)
-                token = int(pipeline(logits, torch.tensor([ids])).argmax(-1))
+                history = torch.tensor([ids], device=self.model.device)
+                logits = self.model(history).logits[:, -1, :].to(torch.float32)
+                token = int(pipeline(logits, history).argmax(-1))
                 ids.append(token)
                 if token == self.tokenizer.eos_token_id:
                     break
@@ -183,8 +186,11 @@ class TransformersEngine:
         eos = self.tokenizer.eos_token_id
         rows = [self.tokenizer.encode(prompt) for prompt in prompts]
         width = max(map(len, rows))
-        input_ids = torch.tensor([[eos] * (width - len(r)) + r for r in rows])
-        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        device = self.model.device
+        input_ids = torch.tensor([[eos] * (width - len(r)) + r for r in rows], device=device)
+        attention_mask = torch.tensor(
+            [[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device
+        )
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from anylogits.core.transfer import to_device
+
 COMPILE = os.environ.get("ANYLOGITS_COMPILE_BITMASK", "1") != "0"
 
 _compile_lock = threading.Lock()
@@ -46,13 +48,16 @@ def apply_bitmask(
     # One row: the eager lookup is faster in a generation loop (measured at V=128k on
     # CPU: 160 against 200 us per token; a compiled call's guards run on cold caches).
     fused = COMPILE and logits.shape[0] > 1
+    # The fused kernels read the bitmask where the logits are (filled on the host: one
+    # copy that does not block it); the eager path reads it on the host.
+    placed = to_device(bitmask, logits.device) if fused else bitmask
     # Into `out`, the kernel writes whole contiguous rows, the ids beyond the bitmask
     # included (inductor mis-writes a strided output view under dynamic shapes).
     if (
         fused
         and out is not None
         and out.is_contiguous()
-        and _apply_compiled(_mask_by_bits_into, logits, bitmask, out)
+        and _apply_compiled(_mask_by_bits_into, logits, placed, out)
     ):
         return out
     result = logits if out is None else out
@@ -61,7 +66,7 @@ def apply_bitmask(
     if logits.shape[1] > covered:
         result[:, covered:] = float("-inf")
         source, target = logits[:, :covered], result[:, :covered]
-    if not (fused and out is None and _apply_compiled(_mask_by_bits, source, bitmask)):
+    if not (fused and out is None and _apply_compiled(_mask_by_bits, source, placed)):
         _apply_eager(source, bitmask, target)
     return result
 
@@ -69,22 +74,23 @@ def apply_bitmask(
 def _mask_by_bits(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """The kernel ``torch.compile`` fuses: ``logits`` is at most ``32 * words`` wide."""
     rows, width = logits.shape
-    logits.masked_fill_(_unpacked(bitmask, rows, logits.device)[:, :width] == 0, float("-inf"))
+    logits.masked_fill_(_unpacked(bitmask, rows)[:, :width] == 0, float("-inf"))
 
 
 def _mask_by_bits_into(logits: torch.Tensor, bitmask: torch.Tensor, out: torch.Tensor) -> None:
     """:func:`_mask_by_bits` reading ``logits`` and writing ``out`` in one fused pass; ids
     beyond the bitmask are masked too."""
     rows, width = logits.shape
-    bits = _unpacked(bitmask, rows, logits.device)
+    bits = _unpacked(bitmask, rows)
     bits = torch.nn.functional.pad(bits, (0, max(0, width - bits.shape[1])))[:, :width]
     out.copy_(logits.masked_fill(bits == 0, float("-inf")))
 
 
-def _unpacked(bitmask: torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
-    """``(rows, 32 * words)`` 0/1 ints: bit ``j`` of word ``w`` at column ``32 w + j``."""
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    return ((bitmask.to(device).unsqueeze(-1) >> shifts) & 1).view(rows, -1)
+def _unpacked(bitmask: torch.Tensor, rows: int) -> torch.Tensor:
+    """``(rows, 32 * words)`` 0/1 ints: bit ``j`` of word ``w`` at column ``32 w + j``, on
+    the bitmask's device (the logits')."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).view(rows, -1)
 
 
 def _apply_compiled(kernel: Callable[..., None], *arguments: torch.Tensor) -> bool:
@@ -126,7 +132,7 @@ def _halfword_biases(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if table is None:
         bits = (torch.arange(1 << 16, dtype=torch.int32)[:, None] >> torch.arange(16)) & 1
         table = torch.zeros(1 << 16, 16, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
-        table = _HALFWORD_BIASES[(device, dtype)] = table.to(device)
+        table = _HALFWORD_BIASES[(device, dtype)] = to_device(table, device)
     return table
 
 
@@ -137,9 +143,7 @@ def _apply_eager(logits: torch.Tensor, bitmask: torch.Tensor, target: torch.Tens
     # The bitmask is filled on the CPU; unsigned 16-bit views convert there on any build.
     if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
         bitmask = bitmask.cpu().contiguous()
-    index = bitmask.view(torch.uint16).view(-1).int()
-    if index.device != logits.device:
-        index = index.to(logits.device, non_blocking=True)
+    index = to_device(bitmask.view(torch.uint16).view(-1).int(), logits.device)
     table = _halfword_biases(logits.device, logits.dtype)
     if (
         width * rows == 16 * index.shape[0]

@@ -11,6 +11,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import DeviceCopies, to_device
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, token_id_list
 
@@ -26,11 +27,11 @@ def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def minus_inf(logits: torch.Tensor) -> torch.Tensor:
     """A 0-d ``-inf`` in the logits' dtype and on their device, made once per pair: a new
-    0-d tensor costs more than a small ``where``."""
+    0-d tensor costs more than a small ``where``. Filled where it lives: no copy."""
     key = (logits.dtype, logits.device)
     value = _MINUS_INF.get(key)
     if value is None:
-        value = _MINUS_INF[key] = torch.tensor(float("-inf"), dtype=key[0], device=key[1])
+        value = _MINUS_INF[key] = torch.full((), float("-inf"), dtype=key[0], device=key[1])
     return value
 
 
@@ -155,19 +156,47 @@ def _numpy() -> Any:
     return numpy
 
 
-def row_values(values: Sequence[float]) -> torch.Tensor:
-    """Per-row Python floats as a float64 tensor (see :func:`compute_precision`)."""
-    return torch.tensor(values, dtype=torch.float64)
+def in_sorted(values: torch.Tensor, sorted_keys: torch.Tensor) -> torch.Tensor:
+    """``torch.isin(values, sorted_keys)`` for ascending 1-D ``sorted_keys``, with
+    fixed-shape operations: on CUDA ``torch.isin`` sorts once the keys outnumber
+    ``10 * values.numel() ** 0.145`` (numpy's rule), and that path reads the device.
+
+    Example:
+        >>> in_sorted(torch.tensor([[3, 4], [9, 1]]), torch.tensor([1, 3, 7]))
+        tensor([[ True, False],
+                [False,  True]])
+    """
+    if sorted_keys.numel() == 0:
+        return torch.zeros(values.shape, dtype=torch.bool, device=values.device)
+    index = torch.searchsorted(sorted_keys, values.contiguous())
+    return sorted_keys[index.clamp_(max=sorted_keys.numel() - 1)] == values
 
 
-def compute_precision(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Per-row floats in the precision torch computes ``logits`` op a Python float in:
-    float64 for float64 logits, float32 otherwise (half types compute in float32)."""
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    return values.to(device=logits.device, dtype=dtype)
+def row_values(values: Sequence[float]) -> DeviceCopies:
+    """Per-row Python floats (a processor's parameters) as a float64 host tensor, copied
+    to each device once (see :func:`compute_precision`)."""
+    return DeviceCopies(torch.tensor(values, dtype=torch.float64))
 
 
-def divide_rows(logits: torch.Tensor, batch: Batch, divisors: torch.Tensor) -> torch.Tensor:
+def row_ints(values: Sequence[int]) -> DeviceCopies:
+    """Per-row Python ints (a processor's parameters) as an int64 host tensor, copied to
+    each device once."""
+    return DeviceCopies(torch.tensor(values, dtype=torch.int64))
+
+
+def compute_dtype(logits: torch.Tensor) -> torch.dtype:
+    """The precision torch computes ``logits`` op a Python float in: float64 for float64
+    logits, float32 otherwise (half types compute in float32)."""
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+def compute_precision(values: DeviceCopies, logits: torch.Tensor) -> torch.Tensor:
+    """Per-row floats on the logits' device in :func:`compute_dtype` (rounded on the
+    host, as the device would round them)."""
+    return values.on(logits.device, compute_dtype(logits))
+
+
+def divide_rows(logits: torch.Tensor, batch: Batch, divisors: DeviceCopies) -> torch.Tensor:
     """Row ``i`` divided by ``divisors[i]``, bit for bit as ``row.div_(float)``."""
     divisors = compute_precision(divisors, logits)[:, None]
     if logits.dtype == divisors.dtype:
@@ -196,7 +225,7 @@ def history_within(
         return ids, None
     usable = ids < width
     if not batch.rows_are_full:
-        lengths = batch.lengths.to(ids.device).clamp(max=ids.shape[1])
+        lengths = to_device(batch.lengths, ids.device).clamp(max=ids.shape[1])
         if not readable or lengths.min() < ids.shape[1]:
             columns = torch.arange(ids.shape[1], device=ids.device)
             usable &= columns >= (ids.shape[1] - lengths)[:, None]
@@ -212,7 +241,7 @@ class TokenColumns:
     def __init__(self, name: str, ids: tuple[int, ...]) -> None:
         self.name = name
         self.ids = ids
-        self._tensors: dict[torch.device, torch.Tensor] = {}
+        self._tensor = DeviceCopies(torch.tensor(ids, dtype=torch.int64))
         self._checked_width = -1
 
     def for_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -220,11 +249,7 @@ class TokenColumns:
         if width != self._checked_width:
             ids_within(self.name, self.ids, width, "logits row")
             self._checked_width = width
-        tensor = self._tensors.get(logits.device)
-        if tensor is None:
-            tensor = torch.tensor(self.ids, dtype=torch.int64, device=logits.device)
-            self._tensors[logits.device] = tensor
-        return tensor
+        return self._tensor.on(logits.device)
 
 
 def eos_ids(eos_token_id: int | list[int] | None) -> tuple[int, ...] | None:
@@ -288,7 +313,7 @@ class RowColumns:
         if tensor is None:
             # float64 first: the values round once, as a float64 tensor moved to ``dtype``.
             source = torch.float64 if dtype.is_floating_point else dtype
-            tensor = torch.tensor(values, dtype=source).to(device, dtype)
+            tensor = to_device(torch.tensor(values, dtype=source).to(dtype), device)
             self._tensors[key] = tensor
         return tensor
 
@@ -319,35 +344,26 @@ class SequenceEnds:
         self.last_ids = TokenColumns(name, tuple(sequences[i][-1] for i in self.longer))
         self.width = max((len(sequences[i]) - 1 for i in self.longer), default=0)
         # -1 left of a shorter prefix marks "any token"; history ids are never negative.
-        self._prefixes = torch.tensor(
+        prefixes = torch.tensor(
             [
                 [-1] * (self.width + 1 - len(sequences[i])) + list(sequences[i][:-1])
                 for i in self.longer
             ],
             dtype=torch.int64,
         ).reshape(len(self.longer), self.width)
-        self._prefix_lengths = torch.tensor(
-            [len(sequences[i]) - 1 for i in self.longer], dtype=torch.int64
-        )
-        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._prefixes = DeviceCopies(prefixes)
+        self._wildcards = DeviceCopies(prefixes < 0)
+        self._prefix_lengths = row_ints([len(sequences[i]) - 1 for i in self.longer])
 
     def completed_by_last(self, batch: Batch, device: torch.device) -> torch.Tensor:
         """``(B, N)`` bool: row ``b``'s history ends with the prefix of longer sequence ``n``."""
-        prefixes, wildcard, prefix_lengths = self._tensors(device)
+        prefixes, wildcard = self._prefixes.on(device), self._wildcards.on(device)
         history = batch.token_ids
-        tail = history[:, max(history.shape[1] - self.width, 0) :].to(device)
+        tail = to_device(history[:, max(history.shape[1] - self.width, 0) :], device)
         if tail.shape[1] < self.width:
             # A history shorter than a prefix cannot end with it: pad with an id never used.
             tail = torch.nn.functional.pad(tail, (self.width - tail.shape[1], 0), value=-1)
         equal = (tail[:, None, :] == prefixes) | wildcard
         # Ragged rows: columns left of a row's start are padding, not tokens.
-        long_enough = batch.lengths.to(device)[:, None] >= prefix_lengths
+        long_enough = to_device(batch.lengths, device)[:, None] >= self._prefix_lengths.on(device)
         return equal.all(dim=-1) & long_enough
-
-    def _tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cached = self._on_device.get(device)
-        if cached is None:
-            prefixes = self._prefixes.to(device)
-            cached = (prefixes, prefixes < 0, self._prefix_lengths.to(device))
-            self._on_device[device] = cached
-        return cached

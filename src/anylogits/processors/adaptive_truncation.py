@@ -6,7 +6,9 @@ deviations of the top logit (:class:`TopNSigma`), or within an entropy budget
 llama.cpp's top-n-sigma sampler for :class:`TopNSigma`.
 
 Parameters reach the row functions as per-row tensors, so a processor and the
-:meth:`stack` of several processors run the same code and give bit-identical rows.
+:meth:`stack` of several processors run the same code and give bit-identical rows. They
+are :class:`~anylogits.core.transfer.DeviceCopies`: made on the host once, copied to the
+logits' device on the first call only (a copy per call would block the host).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import DeviceCopies
 from anylogits.processors._checks import int_at_least, positive_float, probability
 from anylogits.processors._ops import (
     compute_precision,
     keep_only,
     mass_dtype,
     probabilities,
+    row_ints,
     row_values,
     top_logits,
 )
@@ -71,8 +75,7 @@ class TypicalP(FastPaths):
     def __init__(self, mass: float, min_tokens_to_keep: int = 1) -> None:
         self.mass = probability("mass", mass)
         self.min_tokens_to_keep = int_at_least("min_tokens_to_keep", min_tokens_to_keep, 1)
-        self._masses = row_values([self.mass])
-        self._min_keeps = torch.tensor([self.min_tokens_to_keep])
+        self._parameters = _typical_parameters([self.mass], [self.min_tokens_to_keep])
 
     def config(self) -> dict[str, Any]:
         return {"mass": self.mass, "min_tokens_to_keep": self.min_tokens_to_keep}
@@ -80,22 +83,16 @@ class TypicalP(FastPaths):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.mass >= 1.0:
             return logits
-        return _typical_rows(
-            logits, batch, self._masses, self.min_tokens_to_keep, self._min_keeps, self.first_chunk
-        )
+        return _typical_rows(logits, batch, **self._parameters, first_chunk=self.first_chunk)
 
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
-        min_keeps = [p.min_tokens_to_keep for p in processors]
         if all(p.mass >= 1.0 for p in processors):
             return RowwiseProcessor(_unchanged, row_local=True)
-        return RowwiseProcessor(
-            _typical_rows,
-            masses=row_values([p.mass for p in processors]),
-            min_keep=max(min_keeps),
-            min_keeps=torch.tensor(min_keeps),
-            first_chunk=cls.first_chunk,
+        parameters = _typical_parameters(
+            [p.mass for p in processors], [p.min_tokens_to_keep for p in processors]
         )
+        return RowwiseProcessor(_typical_rows, **parameters, first_chunk=cls.first_chunk)
 
 
 def _unchanged(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -105,23 +102,37 @@ def _unchanged(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 def _typical_rows(
     logits: torch.Tensor,
     batch: Batch,
-    masses: torch.Tensor,
+    targets: DeviceCopies,
+    off: DeviceCopies,
     min_keep: int,
-    min_keeps: torch.Tensor,
+    min_keeps: DeviceCopies,
     first_chunk: int,
 ) -> torch.Tensor:
-    off = masses >= 1.0
     # The ranking in the logits' dtype, op for op as transformers computes it: half
     # dtypes round many ranks into ties, and ties are kept together.
     log_probs = torch.log_softmax(logits, dim=-1)
     entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)
     ranks = ((-log_probs) - entropy).abs()
     weights = torch.softmax(logits, dim=-1, dtype=mass_dtype(logits))
-    # A row that is off needs no mass: target 0 is reached at once, then it keeps all.
-    targets = torch.where(off, 0.0, masses).to(weights.device, weights.dtype)[:, None]
-    threshold = _rank_threshold(ranks, weights, targets, min_keep, min_keeps, first_chunk)
-    threshold = torch.where(off.to(threshold.device)[:, None], torch.inf, threshold)
+    device = logits.device
+    row_targets = targets.on(device, weights.dtype)[:, None]
+    row_keeps = min_keeps.on(device)
+    threshold = _rank_threshold(ranks, weights, row_targets, min_keep, row_keeps, first_chunk)
+    threshold = torch.where(off.on(device)[:, None], torch.inf, threshold)
     return keep_only(logits, ranks <= threshold)
+
+
+def _typical_parameters(masses: list[float], min_keeps: list[int]) -> dict[str, Any]:
+    """:func:`_typical_rows`' per-row parameters, made once: a row whose ``mass`` is 1
+    is off and needs no mass (target 0 is reached at once, then it keeps all)."""
+    host = torch.tensor(masses, dtype=torch.float64)
+    off = host >= 1.0
+    return {
+        "targets": DeviceCopies(torch.where(off, 0.0, host)),
+        "off": DeviceCopies(off),
+        "min_keep": max(min_keeps),
+        "min_keeps": row_ints(min_keeps),
+    }
 
 
 def _rank_threshold(
@@ -154,37 +165,37 @@ def _rank_threshold(
             break
         k *= 8
     last = (mass < targets).sum(dim=-1, keepdim=True).clamp(max=k - 1)
-    protected = (min_keeps.clamp(max=k) - 1).to(values.device).expand(values.shape[0])
+    protected = (min_keeps.clamp(max=k) - 1).expand(values.shape[0])
     return torch.maximum(values.gather(-1, last), values.gather(-1, protected[:, None]))
 
 
 def _epsilon_rows(
     logits: torch.Tensor,
     batch: Batch,
-    epsilons: torch.Tensor,
+    epsilons: DeviceCopies,
     min_keep: int,
-    min_keeps: torch.Tensor | None = None,
+    min_keeps: DeviceCopies | None = None,
 ) -> torch.Tensor:
     probs = probabilities(logits)
     # Cast through the tensor, as a Python float compared with the probabilities is.
-    floor = epsilons.to(probs.device, probs.dtype)[:, None]
+    floor = epsilons.on(probs.device, probs.dtype)[:, None]
     return keep_only(logits, with_top_tokens(logits, probs >= floor, min_keep, min_keeps))
 
 
 def _eta_rows(
     logits: torch.Tensor,
     batch: Batch,
-    epsilons: torch.Tensor,
+    epsilons: DeviceCopies,
     min_keep: int,
-    min_keeps: torch.Tensor | None = None,
+    min_keeps: DeviceCopies | None = None,
 ) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
     entropy, _ = _categorical_entropy(logits)
     # The oracle keeps epsilon as a 0-dim float32 tensor: its square root is taken in
     # float32, and both are cast to the logits' dtype before meeting the entropy.
-    epsilons = epsilons.to(device=logits.device, dtype=torch.float32)
-    scaled = epsilons.sqrt().to(logits.dtype)[:, None] * torch.exp(-entropy)
-    eta = torch.minimum(epsilons.to(logits.dtype)[:, None], scaled)
+    epsilons32 = epsilons.on(logits.device, torch.float32)
+    scaled = epsilons32.sqrt().to(logits.dtype)[:, None] * torch.exp(-entropy)
+    eta = torch.minimum(epsilons32.to(logits.dtype)[:, None], scaled)
     return keep_only(logits, with_top_tokens(logits, probs >= eta, min_keep, min_keeps))
 
 
@@ -215,7 +226,7 @@ class _ProbabilityFloor(FastPaths):
             keeps_order=cls.keeps_order,
             epsilons=row_values([p.epsilon for p in processors]),
             min_keep=max(min_keeps),
-            min_keeps=torch.tensor(min_keeps),
+            min_keeps=row_ints(min_keeps),
         )
 
 
@@ -324,7 +335,7 @@ class TopNSigma(FastPaths):
         return RowwiseProcessor(_top_n_sigma_rows, ns=row_values([p.n for p in processors]))
 
 
-def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: torch.Tensor) -> torch.Tensor:
+def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: DeviceCopies) -> torch.Tensor:
     values = logits.to(mass_dtype(logits))
     finite = values != float("-inf")
     count = finite.sum(dim=-1, keepdim=True)
@@ -332,7 +343,7 @@ def _top_n_sigma_rows(logits: torch.Tensor, batch: Batch, ns: torch.Tensor) -> t
     deviation = torch.where(finite, values - mean, 0.0)
     sigma = (deviation.square().sum(dim=-1, keepdim=True) / count).sqrt()
     threshold = (
-        values.amax(dim=-1, keepdim=True) - ns.to(values.device, values.dtype)[:, None] * sigma
+        values.amax(dim=-1, keepdim=True) - ns.on(values.device, values.dtype)[:, None] * sigma
     )
     return keep_only(logits, values >= threshold)
 
@@ -380,7 +391,7 @@ class TopH(FastPaths):
 
 
 def _top_h_rows(
-    logits: torch.Tensor, batch: Batch, top_hs: torch.Tensor, considered: int
+    logits: torch.Tensor, batch: Batch, top_hs: DeviceCopies, considered: int
 ) -> torch.Tensor:
     top = top_logits(logits, min(considered, logits.shape[-1]))[0]
     entropy, probs = _categorical_entropy(top)

@@ -18,6 +18,7 @@ from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.limits import check_items, check_text
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import to_device
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
     encode,
@@ -183,13 +184,13 @@ class NoRepeatNGram(LogitsProcessor):
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         n = self.ngram_size
-        ids = batch.token_ids.to(logits.device)
+        ids = to_device(batch.token_ids, logits.device)
         width = ids.shape[1]
         if width < n:
             return logits
         windows = ids.unfold(1, n, 1)  # (B, W, n), W = L - n + 1
         matches = (windows[..., :-1] == ids[:, width - n + 1 :].unsqueeze(1)).all(-1)
-        lengths = batch.lengths.to(ids.device)
+        lengths = to_device(batch.lengths, ids.device)
         readable = host_sync_allowed(lengths)
         if not readable or lengths.min() < width:
             # A window must lie inside the row, and the row must hold n - 1 tokens.

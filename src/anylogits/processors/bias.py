@@ -17,6 +17,7 @@ from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.transfer import DeviceCopies, to_device
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import boolean, finite_float, ids_within, token_sequence
 from anylogits.processors._ops import (
@@ -64,7 +65,7 @@ class LogitBias(FastPaths):
             normalized[token_id] = finite_float(f"bias[{key!r}]", value)
         self.bias = normalized
         self._columns = TokenColumns("bias", tuple(normalized))
-        self._values: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._values = DeviceCopies(torch.tensor(list(normalized.values()), dtype=torch.float64))
 
     def config(self) -> dict[str, Any]:
         return {"bias": {str(token_id): value for token_id, value in self.bias.items()}}
@@ -78,13 +79,7 @@ class LogitBias(FastPaths):
         if not self.bias:
             return logits
         columns = self._columns.for_logits(logits)
-        key = (logits.device, logits.dtype)
-        values = self._values.get(key)
-        if values is None:
-            values = torch.tensor(
-                list(self.bias.values()), dtype=logits.dtype, device=logits.device
-            )
-            self._values[key] = values
+        values = self._values.on(logits.device, logits.dtype)
         return logits.index_add_(1, columns, values.expand(logits.shape[0], -1))
 
     @classmethod
@@ -205,10 +200,10 @@ class SequenceBias(LogitsProcessor):
         if tensors is None:
 
             def ids(values: list[int]) -> torch.Tensor:
-                return torch.tensor(values, dtype=torch.int64, device=device)
+                return to_device(torch.tensor(values, dtype=torch.int64), device)
 
             def floats(values: list[float]) -> torch.Tensor:
-                return torch.tensor(values, dtype=dtype, device=device)
+                return to_device(torch.tensor(values, dtype=dtype), device)
 
             single_slots, single_values = self._single
             tensors = self._tensors[key] = (
@@ -323,11 +318,12 @@ def _add_per_row(logits: torch.Tensor, ids_per_row: list[torch.Tensor], value: f
     total = sum(counts)
     if not total:
         return
-    device = logits.device
-    columns = torch.cat(ids_per_row).to(device)
-    rows = torch.repeat_interleave(
+    host_rows = torch.repeat_interleave(
         torch.arange(len(counts)), torch.tensor(counts), output_size=total
-    ).to(device)
+    )
+    device = logits.device
+    # The states' ids are host tensors: one copy to the device for rows and columns.
+    rows, columns = to_device(torch.stack([host_rows, torch.cat(ids_per_row)]), device).unbind()
     # An id past the row is replaced by the row's largest id (boosted anyway: the write
     # repeats), or, in a row without one, written back unchanged.
     inside = columns < logits.shape[1]

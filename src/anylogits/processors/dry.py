@@ -21,9 +21,10 @@ from anylogits.core.cache import LeastRecentlyUsed
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import DeviceCopies, to_device
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import finite_float, int_at_least, nonempty_strings
-from anylogits.processors._ops import compute_precision, row_values
+from anylogits.processors._ops import compute_precision, in_sorted, row_ints, row_values
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -120,6 +121,7 @@ class DRY(FastPaths):
         )
         self.penalty_last_n = int_at_least("penalty_last_n", penalty_last_n, -1, limit="window")
         self._table: BreakerTable | None = None
+        self._parameters = _dry_parameters([self])
 
     def config(self) -> dict[str, Any]:
         return {
@@ -149,16 +151,7 @@ class DRY(FastPaths):
         return self._table
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return _dry_rows(
-            logits,
-            batch,
-            owner=self,
-            multipliers=row_values([self.multiplier]),
-            bases=row_values([self.base]),
-            allowed_lengths=torch.tensor([self.allowed_length]),
-            last_ns=torch.tensor([self.penalty_last_n]),
-            widest=_widest_window([self.penalty_last_n]),
-        )
+        return _dry_rows(logits, batch, owner=self, **self._parameters)
 
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
@@ -169,15 +162,24 @@ class DRY(FastPaths):
             for p in rows
         ):
             return None
-        return RowwiseProcessor(
-            _dry_rows,
-            owner=first,
-            multipliers=row_values([p.multiplier for p in rows]),
-            bases=row_values([p.base for p in rows]),
-            allowed_lengths=torch.tensor([p.allowed_length for p in rows]),
-            last_ns=torch.tensor([p.penalty_last_n for p in rows]),
-            widest=_widest_window([p.penalty_last_n for p in rows]),
-        )
+        return RowwiseProcessor(_dry_rows, owner=first, **_dry_parameters(rows))
+
+
+def _dry_parameters(rows: Sequence[DRY]) -> dict[str, Any]:
+    """:func:`_dry_rows`' parameters for ``rows`` (one processor per row, or one for
+    every row), made once with what follows from them alone."""
+    multipliers = row_values([p.multiplier for p in rows])
+    bases = row_values([p.base for p in rows])
+    last_ns = [p.penalty_last_n for p in rows]
+    return {
+        "multipliers": multipliers,
+        "penalizing": DeviceCopies(multipliers.host > 0),
+        "bases": bases,
+        "max_exponents": DeviceCopies(_max_exponents(bases.host)),
+        "allowed_lengths": row_ints([p.allowed_length for p in rows]),
+        "last_ns": row_ints(last_ns),
+        "widest": _widest_window(last_ns),
+    }
 
 
 def _widest_window(last_ns: list[int]) -> int | None:
@@ -207,7 +209,7 @@ class BreakerTable:
         if cached is None:
             mask = torch.zeros(self.vocab_size, dtype=torch.bool)
             mask[sorted(self.single)] = True
-            cached = (mask.to(device), _TailForms(self.tails, device))
+            cached = (to_device(mask, device), _TailForms(self.tails, device))
             self._on_device[device] = cached
         return cached
 
@@ -226,7 +228,7 @@ class _TailForms:
         keys = [
             head * self.count + index for index, (_, heads) in enumerate(ordered) for head in heads
         ]
-        self.pair_keys = torch.tensor(sorted(keys), dtype=torch.int64, device=device)
+        self.pair_keys = to_device(torch.tensor(sorted(keys), dtype=torch.int64), device)
         by_length: dict[int, list[int]] = {}
         for index, (tail, _) in enumerate(ordered):
             by_length.setdefault(len(tail), []).append(index)
@@ -235,7 +237,8 @@ class _TailForms:
             tokens = torch.tensor([ordered[i][0] for i in indices], dtype=torch.int64)
             hashes = _rolling_hashes(tokens)[:, -1]
             ids = torch.tensor(indices, dtype=torch.int64)
-            self.groups.append((length, tokens.to(device), hashes.to(device), ids.to(device)))
+            placed = (to_device(tensor, device) for tensor in (tokens, hashes, ids))
+            self.groups.append((length, *placed))
 
 
 _HASH_BASE = 1_000_003
@@ -375,20 +378,22 @@ def _dry_rows(
     logits: torch.Tensor,
     batch: Batch,
     owner: DRY,
-    multipliers: torch.Tensor,
-    bases: torch.Tensor,
-    allowed_lengths: torch.Tensor,
-    last_ns: torch.Tensor,
+    multipliers: DeviceCopies,
+    penalizing: DeviceCopies,
+    bases: DeviceCopies,
+    max_exponents: DeviceCopies,
+    allowed_lengths: DeviceCopies,
+    last_ns: DeviceCopies,
     widest: int | None = None,
 ) -> torch.Tensor:
-    """DRY with one parameter (or one per row) in ``multipliers`` ... ``last_ns``;
-    ``widest`` bounds every row's window when known (see :func:`_widest_window`)."""
+    """DRY with one parameter (or one per row) in ``multipliers`` ... ``last_ns`` (see
+    :func:`_dry_parameters`); ``widest`` bounds every row's window when known (see
+    :func:`_widest_window`)."""
     device = logits.device
-    multipliers, bases = multipliers.to(device), bases.to(device)
-    allowed, last_ns = allowed_lengths.to(device), last_ns.to(device)
-    lengths = batch.lengths.to(device)
-    windows = torch.where(last_ns < 0, lengths, torch.minimum(lengths, last_ns))
-    windows = torch.where(multipliers > 0, windows, 0)
+    allowed, row_last_ns = allowed_lengths.on(device), last_ns.on(device)
+    lengths = to_device(batch.lengths, device)
+    windows = torch.where(row_last_ns < 0, lengths, torch.minimum(lengths, row_last_ns))
+    windows = torch.where(penalizing.on(device), windows, 0)
     readable = host_sync_allowed(windows)
     if readable:
         if not bool((windows > allowed).any()):
@@ -400,7 +405,7 @@ def _dry_rows(
         width = history_width if widest is None else min(history_width, widest)
         if width == 0:
             return logits
-    ids = batch.token_ids[:, -width:].to(device)
+    ids = to_device(batch.token_ids[:, -width:], device)
     columns = torch.arange(width, device=device)
     inside = columns >= (width - windows)[:, None]
     # A position outside the window holds an id no other position of its row holds, so no
@@ -418,12 +423,12 @@ def _dry_rows(
     eligible = inside[:, :-1] & (windows > allowed)[:, None] & (repeats >= allowed[:, None])
     eligible &= (followers < logits.shape[-1]) & ~_lookup(single, followers)
     exponents = (repeats - allowed[:, None]).clamp(min=0)
-    exponents = torch.minimum(exponents, _max_exponents(bases)[:, None])
+    exponents = torch.minimum(exponents, max_exponents.on(device)[:, None])
     # As llama.cpp: float32 parameters (float64 for float64 logits), the power and product
     # in double, the penalty rounded once.
-    multipliers = compute_precision(multipliers, logits).double()[:, None]
-    bases = compute_precision(bases, logits).double()[:, None]
-    penalties = multipliers * torch.pow(bases, exponents.to(torch.float64))
+    row_multipliers = compute_precision(multipliers, logits).double()[:, None]
+    row_bases = compute_precision(bases, logits).double()[:, None]
+    penalties = row_multipliers * torch.pow(row_bases, exponents.to(torch.float64))
     index = torch.where(eligible, followers, 0)
     seen = logits.gather(1, index)
     wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -435,13 +440,11 @@ def _dry_rows(
 
 def _max_exponents(bases: torch.Tensor) -> torch.Tensor:
     """llama.cpp's cap on the exponent, ``int(88.7228391f / logf(base))`` in float32, for
-    bases above 1.000001 (no cap below)."""
+    bases above 1.000001 (no cap below). On the host, as llama.cpp computes it."""
     bases32 = bases.to(torch.float32)
     capped = bases32 > torch.tensor(1.000001, dtype=torch.float32)
     logs = torch.log(torch.where(capped, bases32, 2.0))
-    caps = (torch.tensor(_FLOAT_MAX_LOG, dtype=torch.float32, device=bases.device) / logs).to(
-        torch.int64
-    )
+    caps = (torch.tensor(_FLOAT_MAX_LOG, dtype=torch.float32) / logs).to(torch.int64)
     return torch.where(capped & (caps > 0), caps, torch.iinfo(torch.int64).max)
 
 
@@ -490,7 +493,7 @@ def _mark_tail_ends(tokens: torch.Tensor, forms: _TailForms, ends: torch.Tensor)
         offsets = torch.arange(1, length + 1, device=tokens.device)
         exact = (tokens[rows[:, None], positions[:, None] + offsets] == tails[which]).all(1)
         keys = tokens[rows, positions] * forms.count + ids[which]
-        found = exact & torch.isin(keys, forms.pair_keys) & (tokens[rows, positions] >= 0)
+        found = exact & in_sorted(keys, forms.pair_keys) & (tokens[rows, positions] >= 0)
         rows, positions = rows[found], positions[found]
         ends[rows, positions] = torch.maximum(ends[rows, positions], positions + length)
 
@@ -507,7 +510,7 @@ def _mark_tail_ends_everywhere(tokens: torch.Tensor, forms: _TailForms, ends: to
         following = tokens[:, 1:].unfold(1, length, 1)
         exact = (following[:, :, None, :] == tails).all(-1)  # (B, starts, tails)
         heads = tokens[:, :starts, None]
-        found = exact & torch.isin(heads * forms.count + ids, forms.pair_keys) & (heads >= 0)
+        found = exact & in_sorted(heads * forms.count + ids, forms.pair_keys) & (heads >= 0)
         positions = torch.arange(starts, device=tokens.device)
         marked = ends[:, :starts]
         marked.copy_(torch.where(found.any(-1), torch.maximum(marked, positions + length), marked))

@@ -19,6 +19,7 @@ from anylogits.core.batch import Batch
 from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import host_tensor_to, to_device
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
     TextOrIds,
@@ -135,7 +136,7 @@ class ForceSequence(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         assert self._columns is not None, "bind() first (Pipeline does)"
         phrase = self._columns.for_logits(logits)
-        generated = batch.generated_lengths.to(logits.device)
+        generated = to_device(batch.generated_lengths, logits.device)
         forced = phrase[generated.clamp(0, phrase.shape[0] - 1), None]
         return force_where(logits, forced, self.strict, generated < phrase.shape[0])
 
@@ -248,14 +249,18 @@ class _PhraseOnTrigger(StatefulLogitsProcessor[_Forcing]):
         if max(positions) < 0 and not any(watching):
             return logits
         phrase = self._phrase_columns.for_logits(logits)
-        position = torch.tensor(positions, device=logits.device)
+        position = host_tensor_to(positions, logits.device)
         forcing = position >= 0
         forced = phrase[position.clamp(min=0)]
         if any(watching):
             if not self._trigger_columns.ids:
                 raise no_eos(self.owner)
-            starts = torch.isin(logits.argmax(1), self._trigger_columns.for_logits(logits))
-            starts &= torch.tensor(watching, device=logits.device)
+            triggers = self._trigger_columns.for_logits(logits)
+            # Not torch.isin: with many EOS ids it sorts, and reads the device, on CUDA.
+            starts = (logits.argmax(1)[:, None] == triggers).any(1)
+            starts &= host_tensor_to(watching, logits.device)
+            # The one device read: whether the trigger was the top choice goes into the
+            # host state (advance looks the decision up).
             for state, watched, started in zip(states, watching, starts.tolist(), strict=True):
                 if watched:
                     self._remember(state.prefix, started)
@@ -523,10 +528,10 @@ class MultipleChoice(StatefulLogitsProcessor[tuple[int, ...]]):
         if self.boost_first_words:
             states = batch.states(self)
             width = len(self._columns.ids)
-            words = torch.tensor(
+            words = host_tensor_to(
                 [list(state) + [-1] * (width - len(state)) for state in states],
-                dtype=torch.int64,
-                device=logits.device,
+                logits.device,
+                torch.int64,
             )
             found = (words >= 0) & (words < logits.shape[1])
             boost = logits.gather(1, words.clamp(0, logits.shape[1] - 1)) * self.boost_first_words

@@ -16,6 +16,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.limits import check_items, check_text
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+from anylogits.core.transfer import host_tensor_to, to_device
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import (
     boolean,
@@ -26,7 +27,7 @@ from anylogits.processors._checks import (
     single_token,
     token_or_text,
 )
-from anylogits.processors._ops import TokenColumns, compute_precision, eos_columns, eos_ids, no_eos
+from anylogits.processors._ops import TokenColumns, compute_dtype, eos_columns, eos_ids, no_eos
 
 
 class MinNewTokens(LogitsProcessor):
@@ -68,7 +69,7 @@ class MinNewTokens(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self._columns.ids:
             raise no_eos("MinNewTokens")
-        too_short = (batch.generated_lengths < self.min_new_tokens).to(logits.device)
+        too_short = to_device(batch.generated_lengths, logits.device) < self.min_new_tokens
         columns = self._columns.for_logits(logits)
         eos_logits = logits.index_select(1, columns).masked_fill_(too_short[:, None], float("-inf"))
         return logits.index_copy_(1, columns, eos_logits)
@@ -127,14 +128,15 @@ class ExponentialDecayLength(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self._columns.ids:
             raise no_eos("ExponentialDecayLength")
-        steps = (batch.generated_lengths - self.start_index).to(torch.float64)
+        generated = to_device(batch.generated_lengths, logits.device)
+        steps = (generated - self.start_index).to(torch.float64)
         # In float64, as transformers' Python ``pow(decay_factor, steps) - 1`` is, then in
-        # the precision torch multiplies logits by a Python float (see compute_precision).
-        growth = compute_precision(torch.pow(self.decay_factor, steps.clamp(min=0)) - 1, logits)
+        # the precision torch multiplies logits by a Python float (see compute_dtype).
+        growth = (torch.pow(self.decay_factor, steps.clamp(min=0)) - 1).to(compute_dtype(logits))
         columns = self._columns.for_logits(logits)
         eos = logits.index_select(1, columns)
-        penalty = (eos.to(growth.dtype).abs() * growth.to(logits.device)[:, None]).to(eos.dtype)
-        active = (steps > 0).to(logits.device)[:, None] & eos.isfinite()
+        penalty = (eos.to(growth.dtype).abs() * growth[:, None]).to(eos.dtype)
+        active = (steps > 0)[:, None] & eos.isfinite()
         return logits.index_copy_(1, columns, torch.where(active, eos + penalty, eos))
 
 
@@ -157,7 +159,8 @@ class GenLength(StatefulLogitsProcessor[_LengthState]):
     ``"It is a new line\\n"`` in the model's tokenizer, as the zoo picks them).
 
     Oracle: logits-processor-zoo ``GenLengthLogitsProcessor`` (identical result; like it,
-    the boost is rounded to float32 before it is added, for any logits dtype).
+    the boost is rounded to float32 before it is added, for any logits dtype; ``n ** p``
+    is exact up to ``2 ** 63``, within an ulp beyond, computed on the logits' device).
     Differences: ``n`` is per row (the zoo uses one count for the batch); "a boosted
     token was generated" looks at generated tokens only (the zoo looks at the whole row
     before the first generated token, which matters only with ``p = 0``); ``boost_token``
@@ -236,20 +239,47 @@ class GenLength(StatefulLogitsProcessor[_LengthState]):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if not self._boosted.ids:
             raise no_eos("GenLength")
-        states = batch.states(self)
-        counts = batch.generated_lengths.tolist()
-        # Exact integer powers in Python, as the zoo computes them (float pow may round),
-        # times "enabled" as a 0/1 factor (also as the zoo: a disabled row adds a signed 0).
-        scale = 10**self.p
-        boosts = [
-            (not state.boost_token_seen and (state.ends_sentence or not self.complete_sentences))
-            * (self.boost_factor * count**self.p / scale)
-            for state, count in zip(states, counts, strict=True)
+        enabled = [
+            not state.boost_token_seen and (state.ends_sentence or not self.complete_sentences)
+            for state in batch.states(self)
         ]
-        boost = torch.tensor(boosts, dtype=torch.float32, device=logits.device)
+        counts = to_device(batch.generated_lengths, logits.device)
+        # As the zoo: boost_factor * n**p / 10**p in float64 with n**p an exact integer
+        # power (float pow may round), times "enabled" as a 0/1 factor (a disabled row adds
+        # a signed 0), rounded to float32 once.
+        powers = _exact_powers(counts, self.p)
+        scale = float(10**self.p)
+        factors = host_tensor_to(enabled, logits.device, torch.float64)
+        boost = (factors * (self.boost_factor * powers / scale)).to(torch.float32)
         columns = self._boosted.for_logits(logits)  # distinct ids: one add per cell
         logits[:, columns] += boost[:, None]
         return logits
+
+
+def _exact_powers(counts: torch.Tensor, p: int) -> torch.Tensor:
+    """``float(n ** p)`` for each int64 ``n`` of ``counts``, where it lives: the int64
+    power is exact and rounds to float64 once, as Python's ``float(n ** p)`` does, for
+    ``|n ** p| < 2 ** 63`` (every generated length when ``p <= 2``; up to 2,097,151
+    tokens for ``p = 3``). Beyond, float64 ``pow``, within an ulp of it."""
+    exact = counts.pow(p).to(torch.float64)
+    largest = _largest_exact_base(p)
+    if largest is None:
+        return exact
+    approximate = counts.to(torch.float64).pow(p)
+    return torch.where(counts.abs() <= largest, exact, approximate)
+
+
+def _largest_exact_base(p: int) -> int | None:
+    """The largest ``n`` with ``n ** p < 2 ** 63``; ``None`` when every length fits
+    (``p <= 2``: ``n < 2 ** 31``)."""
+    if p <= 2:
+        return None
+    base = int(2 ** (63 / p))
+    while base**p >= 2**63:
+        base -= 1
+    while (base + 1) ** p < 2**63:
+        base += 1
+    return base
 
 
 class _StopState(NamedTuple):
@@ -358,7 +388,7 @@ class StopStrings(StatefulLogitsProcessor[_StopState]):
         if not any(stopped):
             return logits
         forced = self._forced_row(logits)
-        rows = torch.tensor(stopped, device=logits.device)[:, None]
+        rows = host_tensor_to(stopped, logits.device)[:, None]
         return torch.where(rows, forced, logits, out=logits)
 
     def _forced_row(self, logits: torch.Tensor) -> torch.Tensor:

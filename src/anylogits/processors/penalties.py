@@ -17,6 +17,7 @@ from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import DeviceCopies, to_device
 from anylogits.processors._checks import finite_float, int_at_least, positive_float
 from anylogits.processors._ops import compute_precision, history_within, row_values
 
@@ -83,16 +84,16 @@ class RepetitionPenalty(FastPaths):
 def _repetition_penalty(
     logits: torch.Tensor,
     batch: Batch,
-    penalty: float | torch.Tensor,
+    penalty: float | DeviceCopies,
     context_size: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out``: where the result goes (the rows copied with the penalized columns, in
     one scatter), leaving ``logits`` untouched; by default ``logits``, in place."""
     ids, rows_with_ids = history_within(batch, logits.shape[-1], context_size)
-    ids = ids.to(logits.device)
+    ids = to_device(ids, logits.device)
     seen = logits.gather(1, ids)
-    if isinstance(penalty, torch.Tensor):
+    if isinstance(penalty, DeviceCopies):
         # One penalty per row, computed and rounded as a Python float would be.
         factor = compute_precision(penalty, logits)[:, None]
         wide = seen.to(factor.dtype)
@@ -100,7 +101,7 @@ def _repetition_penalty(
     else:
         penalized = torch.where(seen < 0, seen * penalty, seen / penalty)
     if rows_with_ids is not None:
-        penalized = torch.where(rows_with_ids.to(logits.device), penalized, seen)
+        penalized = torch.where(to_device(rows_with_ids, logits.device), penalized, seen)
     if out is None:
         return logits.scatter_(1, ids, penalized)
     return torch.scatter(logits, 1, ids, penalized, out=out)
@@ -135,14 +136,14 @@ def _output_tokens(
         longest = history.shape[1]  # the tail's length is on the device: take it all
     if longest <= 0:
         return None
-    ids = history[:, history.shape[1] - longest :].to(device)
+    ids = to_device(history[:, history.shape[1] - longest :], device)
     columns = torch.arange(longest, device=device)
-    usable = (columns >= (longest - generated.to(device))[:, None]) & (ids < width)
+    usable = (columns >= (longest - to_device(generated, device))[:, None]) & (ids < width)
     fill = torch.where(usable, ids, -1).amax(dim=1, keepdim=True)
     return torch.where(usable, ids, fill.clamp(min=0)), usable, fill >= 0
 
 
-def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: DeviceCopies) -> torch.Tensor:
     found = _output_tokens(batch, logits.shape[-1], logits.device)
     if found is None:
         return logits
@@ -153,7 +154,7 @@ def _presence_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor)
     return logits.scatter_(1, index, torch.where(has_any, penalized, seen))
 
 
-def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: torch.Tensor) -> torch.Tensor:
+def _frequency_penalty(logits: torch.Tensor, batch: Batch, penalty: DeviceCopies) -> torch.Tensor:
     found = _output_tokens(batch, logits.shape[-1], logits.device)
     if found is None:
         return logits

@@ -6,7 +6,9 @@ spread) are in :mod:`~anylogits.processors.adaptive_truncation`. Oracles: transf
 warpers.
 
 Parameters reach the row functions as per-row tensors, so a processor and the
-:meth:`stack` of several processors run the same code and give bit-identical rows.
+:meth:`stack` of several processors run the same code and give bit-identical rows. They
+are :class:`~anylogits.core.transfer.DeviceCopies`: made on the host once, copied to the
+logits' device on the first call only (a copy per call would block the host).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import Candidates, FastPaths, RowwiseProcessor
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import DeviceCopies
 from anylogits.processors._checks import int_at_least, probability
 from anylogits.processors._ops import (
     compute_precision,
     keep_only,
     probabilities,
+    row_ints,
     row_total,
     row_values,
     shifted_exp,
@@ -79,12 +83,12 @@ class TopK(FastPaths):
             keeps_order=True,
             candidates=_top_k_candidates,
             k_max=max(ks),
-            ks=torch.tensor(ks),
+            ks=row_ints(ks),
         )
 
 
 def _top_k_rows(
-    logits: torch.Tensor, batch: Batch, k_max: int, ks: torch.Tensor | None = None
+    logits: torch.Tensor, batch: Batch, k_max: int, ks: DeviceCopies | None = None
 ) -> torch.Tensor:
     """Row ``i`` keeps its ``ks[i]`` (all: ``k_max``) highest logits and their ties."""
     top = _top_k(logits, k_max, ks)
@@ -97,7 +101,7 @@ def _top_k_rows(
 
 
 def _top_k_candidates(
-    logits: torch.Tensor, batch: Batch, k_max: int, ks: torch.Tensor | None = None
+    logits: torch.Tensor, batch: Batch, k_max: int, ks: DeviceCopies | None = None
 ) -> Candidates | None:
     return _top_k(logits, k_max, ks).candidates
 
@@ -107,7 +111,7 @@ class _TopK(NamedTuple):
     candidates: Candidates | None  # None when k is the whole row
 
 
-def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
+def _top_k(logits: torch.Tensor, k_max: int, ks: DeviceCopies | None) -> _TopK:
     """One ``topk`` of ``k_max + 1`` logits per row: the k-th logit, and the kept set as
     candidates, exact in rows whose next logit is below the k-th (no tie spills over)."""
     width = logits.shape[-1]
@@ -117,7 +121,7 @@ def _top_k(logits: torch.Tensor, k_max: int, ks: torch.Tensor | None) -> _TopK:
         kth = values[:, k_max - 1 : k_max]
         following = values[:, k_max : k_max + 1]
     else:
-        ranks = ks.to(logits.device).clamp(max=k_max)[:, None]
+        ranks = ks.on(logits.device).clamp(max=k_max)[:, None]
         kth = values.gather(-1, ranks - 1)
         following = values.gather(-1, ranks.clamp(max=values.shape[-1] - 1))
     if k_max == width:
@@ -300,7 +304,7 @@ class MinP(FastPaths):
 
 def _min_p(
     logits: torch.Tensor,
-    min_p: float | torch.Tensor,
+    min_p: float | DeviceCopies,
     min_tokens_to_keep: int,
     descending: bool = False,
 ) -> torch.Tensor:
@@ -311,11 +315,10 @@ def _min_p(
     else:
         probs = probabilities(logits)
         top = probs.amax(dim=-1, keepdim=True)
-    if isinstance(min_p, torch.Tensor):
+    if isinstance(min_p, DeviceCopies):
         # Rounded to the probabilities' dtype, as a Python float factor would be.
-        threshold = (compute_precision(min_p, logits) * top.to(min_p.dtype)[:, 0]).to(probs.dtype)[
-            :, None
-        ]
+        factors = compute_precision(min_p, logits)
+        threshold = (factors * top.to(min_p.host.dtype)[:, 0]).to(probs.dtype)[:, None]
     else:
         threshold = min_p * top
     keep = probs >= threshold
@@ -325,19 +328,19 @@ def _min_p(
 
 
 def _min_p_rows(
-    logits: torch.Tensor, batch: Batch, min_ps: torch.Tensor, min_tokens_to_keep: int
+    logits: torch.Tensor, batch: Batch, min_ps: DeviceCopies, min_tokens_to_keep: int
 ) -> torch.Tensor:
     return _min_p(logits, min_ps, min_tokens_to_keep)
 
 
 def _min_p_rows_descending(
-    logits: torch.Tensor, batch: Batch, min_ps: torch.Tensor, min_tokens_to_keep: int
+    logits: torch.Tensor, batch: Batch, min_ps: DeviceCopies, min_tokens_to_keep: int
 ) -> torch.Tensor:
     return _min_p(logits, min_ps, min_tokens_to_keep, descending=True)
 
 
 def with_top_tokens(
-    logits: torch.Tensor, keep: torch.Tensor, min_keep: int, min_keeps: torch.Tensor | None = None
+    logits: torch.Tensor, keep: torch.Tensor, min_keep: int, min_keeps: DeviceCopies | None = None
 ) -> torch.Tensor:
     """``keep`` plus, per row, the ``min_keeps[row]`` (all: ``min_keep``, their maximum)
     highest logits and every tie of the last."""

@@ -23,6 +23,7 @@ import torch
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
+from anylogits.core.transfer import to_device
 from anylogits.processors._checks import finite_float, int_at_least
 from anylogits.processors._greenlist import (
     GREENLISTS,
@@ -112,21 +113,27 @@ class Watermark(LogitsProcessor):
         }
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        ids = batch.token_ids
+        # CPU generators seeded by token values draw the greenlists, so the seeding
+        # tokens go to the host; a history the engine holds there is read there.
+        on_host = batch.history_on_host
+        ids = batch.host_token_ids if on_host else batch.token_ids
         if ids.shape[1] < self.context_width:
             return logits
         long_enough = None
-        lengths = batch.lengths
+        lengths = to_device(batch.lengths, logits.device)
         if not host_sync_allowed(lengths) or lengths.min() < self.context_width:
-            long_enough = (lengths >= self.context_width).to(logits.device)[:, None]
+            long_enough = (lengths >= self.context_width)[:, None]
         if self.seeding_scheme == "lefthash":
-            columns = self._lefthash_greenlists(ids[:, -1], logits.shape[-1])
+            # History on the device: its last column is the scheme's one device read.
+            previous = ids[:, -1] if on_host else ids[:, -1].cpu()
+            greenlists = self._lefthash_greenlists(previous, logits.shape[-1])
+            columns = to_device(greenlists, logits.device)
             green = long_enough
         else:
-            columns, green = self._selfhash_green_candidates(logits, ids)
+            context = ids[:, ids.shape[1] - (self.context_width - 1) :]
+            columns, green = self._selfhash_green_candidates(logits, context)
             if long_enough is not None:
                 green &= long_enough
-        columns = columns.to(logits.device)
         values = logits.gather(1, columns)
         # `values + bias` rounds as transformers' `scores[b, ids] + bias` does.
         raised = values + self.bias
@@ -135,7 +142,7 @@ class Watermark(LogitsProcessor):
         return logits.scatter_(1, columns, raised)
 
     def _lefthash_greenlists(self, previous: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """``(B, G)`` green ids of each row, from its previous token.
+        """``(B, G)`` green ids of each row, from its previous token (on the host).
 
         The one host read of the lefthash scheme: each seed draws from a CPU generator.
         """
@@ -149,16 +156,30 @@ class Watermark(LogitsProcessor):
         return torch.stack([greenlists[token] for token in tokens])
 
     def _selfhash_green_candidates(
-        self, logits: torch.Tensor, ids: torch.Tensor
+        self, logits: torch.Tensor, context: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``(B, K)`` likeliest tokens of each row and whether each is green."""
+        """The ``(B, K)`` likeliest tokens of each row and whether each is green, on the
+        logits' device; ``context``: the ``context_width - 1`` tokens before them.
+
+        One device read: the candidates, which rows tie at the K-th place and, when the
+        history is on the device, the context come to the host together (a tie costs a
+        second read, see :func:`in_transformers_order`).
+        """
         vocab_size = logits.shape[-1]
-        candidates = likeliest_tokens(logits, min(SELFHASH_CANDIDATES, vocab_size)).cpu()
-        context = ids[:, ids.shape[1] - (self.context_width - 1) :].cpu()
-        windows = torch.cat(
-            [context[:, None, :].expand(-1, candidates.shape[1], -1), candidates[..., None]],
-            dim=-1,
-        )
+        placed, tied = top_candidates(logits, min(SELFHASH_CANDIDATES, vocab_size))
+        k = placed.shape[1]
+        context_on_device = context.device.type != "cpu"
+        parts = [placed, tied[:, None].to(placed.dtype)]
+        if context_on_device:
+            parts.append(to_device(context, logits.device))
+        read = torch.cat(parts, dim=1).cpu()
+        if context_on_device:
+            context = read[:, k + 1 :]
+        top = read[:, :k]
+        candidates = in_transformers_order(logits, top, read[:, k])
+        if candidates is not top:
+            placed = to_device(candidates, logits.device)
+        windows = torch.cat([context[:, None, :].expand(-1, k, -1), candidates[..., None]], dim=-1)
         seeds = selfhash_seeds(windows, self.hashing_key)
         size = greenlist_size(vocab_size, self.greenlist_ratio)
         green = [
@@ -166,24 +187,45 @@ class Watermark(LogitsProcessor):
             for seed, token in zip(seeds, candidates.flatten().tolist(), strict=True)
         ]
         green_mask = torch.tensor(green, dtype=torch.bool).view(candidates.shape)
-        return candidates, green_mask.to(logits.device)
+        return placed, to_device(green_mask, logits.device)
 
 
 def likeliest_tokens(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """``(B, k)`` ids of the ``k`` highest logits of each row, as transformers picks them.
+    """``(B, k)`` ids of the ``k`` highest logits of each row, as transformers picks them,
+    on the host: :func:`top_candidates`, then :func:`in_transformers_order`."""
+    top, tied = top_candidates(logits, k)
+    read = torch.cat([top, tied[:, None].to(top.dtype)], dim=1).cpu()
+    return in_transformers_order(logits, read[:, :k], read[:, k])
 
-    transformers takes the first ``k`` of ``scores[b].sort(descending=True)``, an
-    unstable sort whose order among equal values is its own. The set only depends on
-    that order when a tie straddles the k-th place, so ``topk`` answers every other
-    row and only such rows are sorted, one by one exactly as transformers does. Ties
-    at ``-inf`` are left to ``topk``: ``-inf + bias`` stays ``-inf`` whichever is chosen.
-    """
-    if k >= logits.shape[-1]:
-        return torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape[0], -1)
+
+def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, k)`` ids of the ``k`` highest logits of each row, and ``(B,)`` whether a tie
+    straddles the k-th place in the row (where transformers' choice among the tied ids
+    is its sort's: see :func:`in_transformers_order`), computed where the logits are.
+    Ties at ``-inf`` are left to ``topk``: ``-inf + bias`` stays ``-inf`` whichever is
+    chosen."""
+    rows, width = logits.shape
+    if k >= width:
+        every = torch.arange(width, device=logits.device).expand(rows, -1)
+        return every, torch.zeros(rows, dtype=torch.bool, device=logits.device)
     top = torch.topk(logits, k + 1, dim=-1)
-    candidates = top.indices[:, :k].clone()
     kth, next_value = top.values[:, k - 1], top.values[:, k]
-    straddling = (kth == next_value) & (kth != float("-inf"))
-    for row in straddling.nonzero().flatten().tolist():
-        candidates[row] = logits[row].sort(dim=-1, descending=True).indices[:k]
-    return candidates
+    return top.indices[:, :k], (kth == next_value) & (kth != float("-inf"))
+
+
+def in_transformers_order(
+    logits: torch.Tensor, candidates: torch.Tensor, tied: torch.Tensor
+) -> torch.Tensor:
+    """``candidates`` (on the host), with the rows where ``tied`` (host) holds chosen as
+    transformers chooses them: the first ``k`` of ``scores[b].sort(descending=True)``, an
+    unstable sort whose order among equal values is its own, so those rows (rare) are
+    sorted one by one exactly as transformers does and read back (a second read).
+    Returns ``candidates`` itself when no row is tied."""
+    tied_rows = [row for row, is_tied in enumerate(tied.tolist()) if is_tied]
+    if not tied_rows:
+        return candidates
+    k = candidates.shape[1]
+    orders = [logits[row].sort(dim=-1, descending=True).indices[:k] for row in tied_rows]
+    resolved = candidates.clone()
+    resolved[tied_rows] = torch.stack(orders).cpu()
+    return resolved

@@ -14,6 +14,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import StatefulLogitsProcessor
+from anylogits.core.transfer import host_tensor_to
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, int_at_least, token_id_list
 from anylogits.processors._checks import probability as checked_probability
@@ -166,7 +167,7 @@ class XTC(StatefulLogitsProcessor[int]):
             return logits
         if len(acting) == logits.shape[0]:
             return keep_only(logits, ~self._removed(logits))
-        rows = torch.tensor(acting, device=logits.device)
+        rows = host_tensor_to(acting, logits.device)
         selected = logits.index_select(0, rows)
         selected = keep_only(selected, ~self._removed(selected))
         return logits.index_copy_(0, rows, selected)
@@ -186,7 +187,7 @@ class XTC(StatefulLogitsProcessor[int]):
         columns = self._protected.get(key)
         if columns is None:
             ids_within("protected_token_ids", self.protected_token_ids, key[1], "logits row")
-            columns = torch.tensor(self.protected_token_ids, device=logits.device)
+            columns = host_tensor_to(self.protected_token_ids, logits.device)
             self._protected[key] = columns
         return columns
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from anylogits import Batch, StatefulLogitsProcessor
+from anylogits.core.transfer import host_tensor_to
 
 # No token yet (the first two steps of a sequence ban nothing).
 NO_TOKEN = -1
@@ -34,9 +35,11 @@ class BanTwoBack(StatefulLogitsProcessor[tuple[int, int]]):
         return (state[1], token_id)
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        two_back = torch.tensor(
-            [state[0] for state in batch.states(self)], dtype=torch.int64, device=logits.device
-        )
-        rows = (two_back != NO_TOKEN).nonzero().squeeze(1)
-        logits[rows, two_back[rows]] = float("-inf")
-        return logits
+        # Host states onto the device without blocking; fixed shapes (no nonzero), so a
+        # GPU never waits for this step.
+        two_back = host_tensor_to(
+            [state[0] for state in batch.states(self)], logits.device, torch.int64
+        )[:, None]
+        columns = two_back.clamp(min=0)
+        banned = torch.where(two_back != NO_TOKEN, float("-inf"), logits.gather(1, columns))
+        return logits.scatter_(1, columns, banned)

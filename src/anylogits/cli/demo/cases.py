@@ -105,12 +105,19 @@ JSON_TOKENS = 48
 
 
 def demo_cases(
-    plain: Tokens, eos: int, *, tokenizer: Any, vocab_size: int, trained: bool = True
+    plain: Tokens,
+    eos: int,
+    *,
+    tokenizer: Any,
+    vocab_size: int,
+    trained: bool = True,
+    device: Any = "cpu",
 ) -> list[Case]:
     """The processed cases, from the unprocessed greedy tokens ``plain`` of the demo's
     prompt (which they must change) and the end-of-text id ``eos``; ``tokenizer`` is
-    transformers', ``vocab_size`` the logits' width (the watermark's), and ``trained``
-    False on the tiny random-weight model (see :func:`_stop_case`)."""
+    transformers', ``vocab_size`` the logits' width (the watermark's), ``trained``
+    False on the tiny random-weight model (see :func:`_stop_case`), ``device`` where
+    transformers runs (see :func:`_watermark_case`)."""
 
     def text(tokens: Tokens) -> str:
         return tokenizer.decode(tokens, skip_special_tokens=True)
@@ -145,7 +152,7 @@ def demo_cases(
         Case(f"sampled, seed {SEED}: {names}", chain, dict(CHAIN), sample=True),
         _stop_case(plain, text, tokenizer, trained),
         *_structured_cases(text, trained),
-        _watermark_case(vocab_size),
+        _watermark_case(vocab_size, str(device)),
     ]
 
 
@@ -240,7 +247,16 @@ def _regex_case(text: Callable[[Tokens], str]) -> Case:
     )
 
 
-def _watermark_case(vocab_size: int) -> Case:
+# transformers' WatermarkLogitsProcessor draws greenlists with a generator on the
+# model's device: on CUDA (Philox) they differ from its own on the CPU (Mersenne
+# Twister), and its detector must run on the device that generated. anylogits draws them
+# on the CPU wherever the logits are, so its watermark is detected the same everywhere.
+WATERMARK_ON_ACCELERATOR = (
+    "watermarking_config off the CPU: its greenlists follow the device's generator"
+)
+
+
+def _watermark_case(vocab_size: int, device: str = "cpu") -> Case:
     def detected(tokens: Tokens, without: Tokens) -> Outcome:
         marked, unmarked = (
             detect_watermark(ids, vocab_size=vocab_size, z_threshold=Z_THRESHOLD)
@@ -253,8 +269,19 @@ def _watermark_case(vocab_size: int) -> Case:
         shown = f"{verdicts}; threshold z > {Z_THRESHOLD}"
         return Outcome("detection", shown, marked.prediction and not unmarked.prediction)
 
+    label = f"Watermark(bias={WATERMARK_BIAS})"
+    if not device.startswith("cpu"):
+        return Case(
+            label,
+            lambda: [Watermark(bias=WATERMARK_BIAS)],
+            None,
+            prompt=WATERMARK_PROMPT,
+            new_tokens=WATERMARK_TOKENS,
+            no_native=WATERMARK_ON_ACCELERATOR,
+            outcome=detected,
+        )
     return Case(
-        f"Watermark(bias={WATERMARK_BIAS})",
+        label,
         lambda: [Watermark(bias=WATERMARK_BIAS)],
         # A dict: generate() makes it a WatermarkingConfig (transformers is not imported here).
         {"watermarking_config": {"bias": WATERMARK_BIAS}},

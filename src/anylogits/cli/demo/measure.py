@@ -63,6 +63,7 @@ def references(
         tokenizer=transformers.tokenizer,
         vocab_size=transformers.model.config.vocab_size,
         trained=trained,
+        device=transformers.model.device,
     )
     for case in cases:
         ids = prompt if case.prompt is None else encode(case.prompt)

@@ -17,7 +17,7 @@ import torch
 from anylogits.cli.demo.cases import STRUCTURED_INSTALL, Case, structured_available
 from anylogits.cli.demo.measure import ROUNDS, Cell, Reference, measure, references
 from anylogits.cli.demo.progress import step
-from anylogits.cli.demo.selection import REFERENCE, DemoError, choose
+from anylogits.cli.demo.selection import REFERENCE, DemoError, choose, demo_device
 from anylogits.cli.demo.table import render
 from anylogits.engines.backends import BACKENDS
 from anylogits.engines.generation import GenerationEngine, TransformersEngine
@@ -40,14 +40,17 @@ def run_demo(
     max_new_tokens: int = 24,
     model: str = "real",
     rounds: int = ROUNDS,
+    device: str = "cpu",
 ) -> int:
     """Run the demo on ``backend`` (``None`` or ``"all"``: every installed engine) with
     ``model`` (``"real"``: SmolLM2-135M-Instruct, a trained model, and ``prompt`` as a
     chat message; ``"tiny"``: the tiny random-weight model, ``prompt`` as plain text);
     each side of each case is timed over ``rounds`` runs (the best counts; 0: tokens only,
-    nothing timed). Returns a process exit code: 0 if every engine agrees with
+    nothing timed). transformers runs on ``device`` (``"cuda"``: the GPU); the other
+    engines run on their own. Returns a process exit code: 0 if every engine agrees with
     transformers, 1 if not, 2 if the demo cannot run as asked."""
     try:
+        torch_device = demo_device(device)
         if rounds < 0:
             raise DemoError(f"--rounds {rounds}: time 0 runs (tokens only) or more")
         if max_new_tokens < 1:
@@ -67,6 +70,9 @@ def run_demo(
         with step(_LOADING[REFERENCE].format(model=MODELS[model])):
             reference_engine = BACKENDS[REFERENCE].engine(model_dir, Path(scratch))
         assert isinstance(reference_engine, TransformersEngine)
+        if torch_device.type != "cpu":
+            with step(f"moving it to {torch_device}"):
+                reference_engine.model.to(torch_device)
         encode = _encoder(reference_engine, model)
         ids = encode(prompt)
         with step("transformers' own processors: the reference tokens"):
@@ -90,12 +96,25 @@ def run_demo(
                 traceback.print_exc()
                 errors[name] = f"{type(error).__name__}: {error}"
             gc.collect()  # the engine just run, before the next one loads
-    _print_header(reference_engine, model, model_dir, prompt, ids, max_new_tokens, engines)
+    _print_header(
+        reference_engine, model, model_dir, prompt, ids, max_new_tokens, engines, torch_device
+    )
     lines, failures = render(
         rows, engines, errors, missing, reference_engine.tokenizer.decode, model == "real"
     )
     print("\n".join(lines))
     return 1 if failures else 0
+
+
+def device_line(device: torch.device, engines: list[str]) -> str:
+    """The header's line on where the engines ran, when transformers ran elsewhere than
+    on the CPU (--device): the other engines run on their own device."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    line = f"  device: transformers on {device} ({name})"
+    others = [engine for engine in engines if engine != REFERENCE]
+    if others:
+        line += f"; {', '.join(others)} run on their own device (--device is transformers')"
+    return line
 
 
 def _tiny_model() -> Path:
@@ -181,6 +200,7 @@ def _print_header(
     ids: list[int],
     max_new_tokens: int,
     engines: list[str],
+    device: torch.device,
 ) -> None:
     print("anylogits demo: the same processors in every engine, against transformers' own")
     if model == "real":
@@ -201,4 +221,6 @@ def _print_header(
     )
     if not structured_available():
         print(f"  JSON schema and regex cases: need llguidance, {STRUCTURED_INSTALL}")
+    if device.type != "cpu":
+        print(device_line(device, engines))
     print(f"  engines: {', '.join(engines)}\n")

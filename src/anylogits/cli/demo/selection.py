@@ -1,10 +1,13 @@
-"""Which engines the demo runs, and the command that installs a missing one."""
+"""Which engines the demo runs (and transformers' device), and the command that installs
+a missing one."""
 
 from __future__ import annotations
 
 import platform
 import shutil
 import sys
+
+import torch
 
 from anylogits.engines.backends import BACKENDS, installed
 
@@ -17,6 +20,51 @@ _EXTRAS = {"transformers": "transformers", "llama_cpp": "llama-cpp", "mlx": "mlx
 
 class DemoError(Exception):
     """The demo cannot run as asked; the message says what to do."""
+
+
+# The devices transformers' engine can run the demo on (--device); the other engines run
+# on their own device, whatever --device says.
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def demo_device(name: str) -> torch.device:
+    """The device ``--device name`` asks for, checked: a :class:`DemoError` naming the fix
+    when this machine cannot run there."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise DemoError(
+            f"--device {name}: not a torch device; choose one of {', '.join(DEVICE_TYPES)} "
+            "(cuda:1: the second GPU)"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = (
+                f"this torch {torch.__version__} is built for CUDA {torch.version.cuda} but "
+                "sees no GPU"
+                if torch.version.cuda
+                else f"this torch {torch.__version__} is a CPU-only build"
+            )
+            raise DemoError(
+                f"--device {name}: torch.cuda.is_available() is False ({build}); run it "
+                "on a machine with an NVIDIA GPU and a CUDA build of torch, or leave "
+                "--device out (cpu)"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise DemoError(
+                f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to "
+                f"cuda:{count - 1}"
+            )
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise DemoError(
+                f"--device {name}: torch.backends.mps.is_available() is False (MPS is "
+                "Apple silicon's GPU, with macOS 12.3 or later); leave --device out (cpu)"
+            )
+    elif device.type != "cpu":
+        raise DemoError(f"--device {name}: the demo runs transformers on {', '.join(DEVICE_TYPES)}")
+    return device
 
 
 # The server each engine serves per-request processors from (docs/serving.md).

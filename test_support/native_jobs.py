@@ -29,7 +29,7 @@ from anylogits import (
     TopP,
 )
 from anylogits.engines.native import Job
-from conformance_tests.generation_cases import EOS
+from test_support.generation_cases import EOS
 
 # The order each engine applies its own parameters in, read from its source: transformers'
 # generate (its warpers list) and vLLM's sampler scale by the temperature before they

@@ -1,0 +1,66 @@
+"""What a decode step may read from the device, per catalogue case and layout, and why.
+
+The accelerator level (``tests/test_device_copies.py``, and
+``conformance_tests/test_accelerator_level.py`` through each engine's hook) holds every
+steady-state step to no blocking host->device copy and to exactly these device->host
+reads: a new one fails there, and a removed one asks for this table to change.
+
+Layouts: ``host history`` (token histories built on the host: vLLM's V1 runner, llama.cpp,
+mlx-lm), ``device history`` (``input_ids`` on the device: transformers).
+"""
+
+from __future__ import annotations
+
+from anylogits.core.processor import LogitsProcessor
+
+HOST_HISTORY, DEVICE_HISTORY = "host history", "device history"
+LAYOUTS = (HOST_HISTORY, DEVICE_HISTORY)
+
+TRACKER_READ = (
+    "the prefix tracker maps each row to its sequence by its token ids, on the host "
+    "(transformers reorders beams and rolls back draft tokens without saying which row "
+    "is which): one read of input_ids per step; vLLM's structured outputs likewise read "
+    "each step's sampled tokens on the host"
+)
+
+_TOP_CHOICE = (
+    "whether {what} was each row's top choice goes into its state, on the host, as the "
+    "zoo's processor keeps it: one read of a (B,) bool per step"
+)
+
+# Reads a processor itself makes, by case and layout (the tracker's come on top).
+INHERENT_READS: dict[str, dict[str, tuple[int, str]]] = {
+    "watermark": dict.fromkeys(
+        LAYOUTS,
+        (
+            1,
+            "selfhash: each row's 40 likeliest tokens seed the CPU generators that draw "
+            "their greenlists, as transformers' WatermarkLogitsProcessor does: one read of "
+            "(B, 40) candidates and the context per step",
+        ),
+    ),
+    "watermark (lefthash)": {
+        DEVICE_HISTORY: (
+            1,
+            "the previous token seeds the CPU generator of each row's greenlist: one read "
+            "of the history's last column per step (read on the host when it is there)",
+        )
+    },
+    "force_last_phrase": dict.fromkeys(LAYOUTS, (1, _TOP_CHOICE.format(what="EOS"))),
+    "trigger_phrase (replacing)": dict.fromkeys(
+        LAYOUTS, (1, _TOP_CHOICE.format(what="the trigger"))
+    ),
+}
+
+
+def expected_device_reads(name: str, processor: LogitsProcessor, layout: str) -> tuple[int, str]:
+    """``(reads per step, why)`` for catalogue case ``name`` run alone in ``layout``."""
+    reads, reasons = 0, []
+    own = INHERENT_READS.get(name, {}).get(layout)
+    if own is not None:
+        reads += own[0]
+        reasons.append(own[1])
+    if layout == DEVICE_HISTORY and processor.needs_sequences:
+        reads += 1
+        reasons.append(TRACKER_READ)
+    return reads, "; ".join(reasons) or "no device read"
