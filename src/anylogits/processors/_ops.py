@@ -198,10 +198,10 @@ def compute_precision(values: DeviceCopies, logits: torch.Tensor) -> torch.Tenso
 
 def divide_rows(logits: torch.Tensor, batch: Batch, divisors: DeviceCopies) -> torch.Tensor:
     """Row ``i`` divided by ``divisors[i]``, bit for bit as ``row.div_(float)``."""
-    divisors = compute_precision(divisors, logits)[:, None]
-    if logits.dtype == divisors.dtype:
-        return logits.div_(divisors)
-    return logits.copy_(logits.to(divisors.dtype) / divisors)
+    columns = compute_precision(divisors, logits)[:, None]
+    if logits.dtype == columns.dtype:
+        return logits.div_(columns)
+    return logits.copy_(logits.to(columns.dtype) / columns)
 
 
 def history_within(

@@ -232,13 +232,20 @@ class _TailForms:
         by_length: dict[int, list[int]] = {}
         for index, (tail, _) in enumerate(ordered):
             by_length.setdefault(len(tail), []).append(index)
-        self.groups = []
+        # (tail length, its tails' tokens, their hashes, their indices), on the device.
+        self.groups: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for length, indices in sorted(by_length.items()):
             tokens = torch.tensor([ordered[i][0] for i in indices], dtype=torch.int64)
             hashes = _rolling_hashes(tokens)[:, -1]
             ids = torch.tensor(indices, dtype=torch.int64)
-            placed = (to_device(tensor, device) for tensor in (tokens, hashes, ids))
-            self.groups.append((length, *placed))
+            self.groups.append(
+                (
+                    length,
+                    to_device(tokens, device),
+                    to_device(hashes, device),
+                    to_device(ids, device),
+                )
+            )
 
 
 _HASH_BASE = 1_000_003
