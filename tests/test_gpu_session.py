@@ -208,3 +208,19 @@ def test_the_other_engines_say_they_run_on_their_own_device() -> None:
     assert device_line(torch.device("mps"), ["transformers"]) == (
         "  device: transformers on mps (mps)"
     )
+
+
+def test_the_gpu_suites_catalogue_part_runs_with_the_cpu_as_its_device() -> None:
+    # CI has no GPU: the CPU standing in for the device keeps tests/test_cuda.py's
+    # catalogue steps (both layouts, stacked rows, device slots) from rotting.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "default"]
+    result = subprocess.run(
+        [*command, "tests/test_cuda.py", "-k", "path"],
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, "ANYLOGITS_GPU_TEST_DEVICE": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
