@@ -42,7 +42,9 @@ def prepare(target: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     files = {}
     for path in sorted(folder.iterdir()):
-        if path.name != _WEIGHTS and path.is_file():
+        # Not the weights (redrawn there), nor the GGUF form the llama.cpp suite writes
+        # beside them (the GPU session runs transformers only).
+        if path.name != _WEIGHTS and path.suffix != ".gguf" and path.is_file():
             files[path.name] = _gzip(path, target / f"{path.name}.gz")
     vocab = vocab_gguf_path()
     manifest = {
