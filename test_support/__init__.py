@@ -10,6 +10,13 @@
   arrays, to compare the catalogue with.
 * :mod:`~test_support.host_reads`: ``HostReads``, a counter of operations that read
   tensor values on the host (each stalls a GPU stream), for the host-sync tests.
+* :mod:`~test_support.emulated_device`: an accelerator emulated on the CPU that counts
+  every host->device copy and device read, and :mod:`~test_support.device_budget`: the
+  device reads a decode step may make (the accelerator level).
+* :mod:`~test_support.engine_rows`: the catalogue's cases and the rows they run on;
+  :mod:`~test_support.generation_cases` and :mod:`~test_support.native_jobs`: the
+  generation jobs; :mod:`~test_support.gpu_tiny_model`: the tiny model for a GPU machine
+  without network.
 
 pytest finds this package through ``pythonpath = ["."]`` (pyproject.toml); the benchmarks
 through ``asv_bench/benchmarks/__init__.py``. The public testing API is

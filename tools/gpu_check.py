@@ -109,13 +109,12 @@ def _version(name: str) -> str | None:
 
 
 def child_environment(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment, the repository importable, ``extra`` added."""
-    env = dict(os.environ)
-    paths = [str(ROOT / "src"), str(ROOT)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.update(extra)
+    """:func:`test_support.child_environment` with ``src`` first on ``PYTHONPATH`` too:
+    a GPU box runs the checkout without installing it."""
+    from test_support import child_environment as repository_environment
+
+    env = repository_environment(**extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env["PYTHONPATH"]])
     return env
 
 

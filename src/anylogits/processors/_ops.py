@@ -291,31 +291,19 @@ class RowColumns:
         self.columns = TokenColumns(
             name, tuple(token_id for ids in ids_per_row for token_id in ids)
         )
-        self._rows = tuple(row for row, ids in enumerate(ids_per_row) for _ in ids)
-        self._values = values
-        self._tensors: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._rows = row_ints([row for row, ids in enumerate(ids_per_row) for _ in ids])
+        # float64 first: the values round once, as a float64 tensor moved to the dtype.
+        self._values = None if values is None else row_values(values)
 
     def for_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rows, columns)`` on the logits' device; ``ValueError`` for an id past the row."""
         columns = self.columns.for_logits(logits)
-        return self._tensor(self._rows, logits.device, torch.int64), columns
+        return self._rows.on(logits.device), columns
 
     def values_for(self, logits: torch.Tensor) -> torch.Tensor:
         """The values, one per id, in the logits' dtype and on their device."""
         assert self._values is not None
-        return self._tensor(self._values, logits.device, logits.dtype)
-
-    def _tensor(
-        self, values: Sequence[Any], device: torch.device, dtype: torch.dtype
-    ) -> torch.Tensor:
-        key = (device, dtype)
-        tensor = self._tensors.get(key)
-        if tensor is None:
-            # float64 first: the values round once, as a float64 tensor moved to ``dtype``.
-            source = torch.float64 if dtype.is_floating_point else dtype
-            tensor = to_device(torch.tensor(values, dtype=source).to(dtype), device)
-            self._tensors[key] = tensor
-        return tensor
+        return self._values.on(logits.device, logits.dtype)
 
 
 def add_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:

@@ -9,6 +9,7 @@ Oracles: transformers ``MinNewTokensLengthLogitsProcessor``,
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -269,6 +270,7 @@ def _exact_powers(counts: torch.Tensor, p: int) -> torch.Tensor:
     return torch.where(counts.abs() <= largest, exact, approximate)
 
 
+@functools.cache
 def _largest_exact_base(p: int) -> int | None:
     """The largest ``n`` with ``n ** p < 2 ** 63``; ``None`` when every length fits
     (``p <= 2``: ``n < 2 ** 31``)."""
