@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from anylogits import JSONSchema, Vocabulary
 from anylogits.engines.generation import Generated
-from anylogits.processors._grammar_engine import ENGINE
+from anylogits.processors.structured.engine import ENGINE
 
 PROMPTS = ["Hello", "1 2 3 4 5 6 7 8 9 10 11 12", "The answer is"]
 BATCHES = st.sampled_from([1, 8])

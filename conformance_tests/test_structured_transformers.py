@@ -20,7 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")
 from anylogits import JSONSchema, for_transformers  # noqa: E402
 from anylogits.core.vocab import hf_vocabulary  # noqa: E402
 from anylogits.engines.generation import TransformersEngine  # noqa: E402
-from anylogits.processors._grammar_engine import ENGINE  # noqa: E402
+from anylogits.processors.structured.engine import ENGINE  # noqa: E402
 from conformance_tests.structured_cases import PROMPTS, is_valid_prefix  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]

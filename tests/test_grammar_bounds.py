@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anylogits.core.limits import limits, override
-from anylogits.processors._grammar_bounds import (
+from anylogits.processors.structured.bounds.counts import (
     check_lark,
     check_regex,
     check_schema,

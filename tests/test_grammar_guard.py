@@ -13,7 +13,7 @@ pytest.importorskip("llguidance")
 
 from anylogits import Grammar, Regex
 from anylogits.core.limits import override
-from anylogits.processors._grammar_guard import GUARD
+from anylogits.processors.structured.guard import GUARD
 from test_support.hostile import largest_alternatives_grammar
 
 _unique = itertools.count()

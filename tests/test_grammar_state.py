@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 llguidance = pytest.importorskip("llguidance")
 
 from anylogits import Regex, Vocabulary  # noqa: E402
-from anylogits.processors._bitmask import pack_bits  # noqa: E402
-from anylogits.processors._grammar_engine import LLGuidanceEngine  # noqa: E402
-from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask  # noqa: E402
+from anylogits.processors.structured.engine import LLGuidanceEngine  # noqa: E402
+from anylogits.processors.structured.mask import pack_bits  # noqa: E402
+from anylogits.processors.structured.state import GrammarCursor, fill_bitmask  # noqa: E402
 
 PIECES = [b"a", b"b", b"c", b"ab", b"bc"]
 EOS = len(PIECES)

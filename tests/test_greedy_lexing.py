@@ -13,8 +13,8 @@ import pytest
 llguidance = pytest.importorskip("llguidance")
 
 from anylogits import Grammar  # noqa: E402
-from anylogits.processors._greedy_lexing import check_greedy_lexing  # noqa: E402
-from anylogits.processors._token_shapes import regex_shape  # noqa: E402
+from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_lexing  # noqa: E402
+from anylogits.processors.structured.bounds.token_shapes import regex_shape  # noqa: E402
 
 STALLS = {
     "a regex followed by its own character": 'start: /a+/ "a"',

@@ -21,8 +21,8 @@ from anylogits import (  # noqa: E402
     Vocabulary,
     from_spec,
 )
-from anylogits.processors import _bitmask  # noqa: E402
-from anylogits.processors._grammar_engine import ENGINE, _VocabularyTokenizer  # noqa: E402
+from anylogits.processors.structured import mask as _bitmask  # noqa: E402
+from anylogits.processors.structured.engine import ENGINE, _VocabularyTokenizer  # noqa: E402
 
 PIECES = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
 EOS = len(PIECES)
@@ -354,7 +354,7 @@ def test_a_grammar_is_validated_and_compiled_once(monkeypatch: pytest.MonkeyPatc
     again in the engine: the second time costs neither a validation nor a compile."""
     import llguidance
 
-    from anylogits.processors import _grammar_engine
+    from anylogits.processors.structured import engine as _grammar_engine
 
     real = llguidance.LLMatcher
     compiled: list[str] = []

@@ -101,7 +101,7 @@ class StructuredPerToken:
         import llguidance.torch as llg_torch
 
         from anylogits import JSONSchema
-        from anylogits.processors._grammar_engine import ENGINE
+        from anylogits.processors.structured.engine import ENGINE
 
         grammar = JSONSchema(self.schema).grammar
         # llguidance's own apply compiles its kernel (torch.compile) on the first call.
@@ -213,7 +213,7 @@ class SchemaCompile:
 
     def track_compile_ms_per_schema(self) -> float:
         from anylogits import JSONSchema
-        from anylogits.processors._grammar_engine import ENGINE
+        from anylogits.processors.structured.engine import ENGINE
 
         ENGINE._compiled.clear()  # type: ignore[attr-defined]
         compiled, start = 0, time.perf_counter()

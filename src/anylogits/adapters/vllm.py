@@ -94,8 +94,8 @@ def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     :class:`~anylogits.adapters.vllm_requests.PrefetchedVocabulary`."""
     vocab = engine_vocabulary(vllm_config)
     if vocab is not None and _STRUCTURED_AVAILABLE:
-        from anylogits.processors._grammar_engine import ENGINE
-        from anylogits.processors._grammar_guard import GUARD
+        from anylogits.processors.structured.engine import ENGINE
+        from anylogits.processors.structured.guard import GUARD
 
         ENGINE.tokenizer(vocab)
         GUARD.warm()
@@ -120,7 +120,7 @@ def _start_engine(vllm_config: VllmConfig) -> VllmRequests:
 def _validate(sampling_params: SamplingParams) -> None:
     if _STRUCTURED_AVAILABLE:
         # The frontend's grammar checker starts with its first request, of any kind.
-        from anylogits.processors._grammar_guard import GUARD
+        from anylogits.processors.structured.guard import GUARD
 
         GUARD.warm_in_background()
     validate_request(sampling_params.extra_args, engine_in_this_process=_ENGINES_HERE > 0)

@@ -14,8 +14,9 @@
 - watermark: Watermark (its detector: watermark_detection)
 
 Private helpers: ``_ops`` (tensor helpers shared by the modules), ``_checks`` (argument
-checks), ``_greenlist`` (the watermark's seeding, shared with its detector) and the
-structured processors' ``_bitmask``, ``_grammar_engine``, ``_grammar_state``.
+checks) and ``_greenlist`` (the watermark's seeding, shared with its detector).
+``structured`` is a package: its processors, then the rooms on the way from a spec to a
+mask (``bounds/``, ``guard``, ``engine``, ``state``, ``mask``).
 """
 
 from anylogits.processors.adaptive_truncation import (

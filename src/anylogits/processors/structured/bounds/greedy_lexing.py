@@ -26,8 +26,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from anylogits.processors._grammar_bounds import _LARK_TOKEN, _at_line_start, _balanced_braces
-from anylogits.processors._token_shapes import (
+from anylogits.processors.structured.bounds.counts import (
+    _LARK_TOKEN,
+    _at_line_start,
+    _balanced_braces,
+)
+from anylogits.processors.structured.bounds.token_shapes import (
     _EMPTY,
     _END,
     _MAX_VISITS,

@@ -1,9 +1,20 @@
 """Structured generation: outputs that match a regex, a JSON schema, a choice or a grammar.
 
-Each sequence carries a grammar matcher (its state). Per call, every row's allowed
-tokens are computed on the CPU into one packed ``(B, ceil(V/32))`` int32 bitmask, in
-parallel, and applied to the logits with one vectorized op. EOS is allowed exactly when
-the grammar accepts. Engine: llguidance (``pip install 'anylogits[structured]'``).
+The processors below turn a spec into a grammar and each sequence's state into a mask;
+the rest of this package is the way there, in order:
+
+- ``bounds/``: what the spec may cost, read from its text (counts, greedy-lexing stalls);
+- ``guard``: the grammar's first compilation, in a child process under a CPU-time and a
+  memory budget, so that what nobody foresaw is refused instead of stalling or killing
+  the process;
+- ``engine``: llguidance behind a small interface; compiled grammars cached per
+  (grammar, vocabulary, limits);
+- ``state``: per-sequence cursors on shared matchers (beams, drafts, rollbacks);
+- ``mask``: the packed ``(B, ceil(V/32))`` bitmask applied to the logits.
+
+Per call, every row's allowed tokens are computed on the CPU into one packed int32
+bitmask, in parallel, and applied to the logits with one vectorized op. EOS is allowed
+exactly when the grammar accepts. Engine: llguidance (``pip install 'anylogits[structured]'``).
 """
 
 from __future__ import annotations
@@ -19,11 +30,11 @@ from anylogits.core.limits import check_items, check_size, check_text
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._bitmask import apply_bitmask, pack_bits
-from anylogits.processors._grammar_bounds import check_lark, check_regex, check_schema
-from anylogits.processors._grammar_engine import ENGINE, load_llguidance
-from anylogits.processors._grammar_state import GrammarCursor, fill_bitmask
-from anylogits.processors._greedy_lexing import check_greedy_lexing
+from anylogits.processors.structured.bounds.counts import check_lark, check_regex, check_schema
+from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_lexing
+from anylogits.processors.structured.engine import ENGINE, load_llguidance
+from anylogits.processors.structured.mask import apply_bitmask, pack_bits
+from anylogits.processors.structured.state import GrammarCursor, fill_bitmask
 
 
 class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):

@@ -2,7 +2,7 @@
 
 llguidance does the matching (one matcher per sequence, masks filled in parallel on the
 CPU into a packed ``(B, ceil(V/32))`` int32 bitmask, the layout of
-:mod:`anylogits.processors._bitmask`, which applies it). Another engine
+:mod:`anylogits.processors.structured.mask`, which applies it). Another engine
 (xgrammar) would implement :class:`GrammarEngine` and nothing else would change.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from anylogits.core.limits import limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors._grammar_guard import GUARD, GrammarCheckFailed
+from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed
 
 logger = logging.getLogger(__name__)
 

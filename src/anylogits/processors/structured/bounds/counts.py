@@ -6,7 +6,7 @@ counted repetitions multiply into forced literals it tokenizes, and a Lark gramm
 embed a JSON schema (``%json {...}``). These checks read the spec's text or dict without
 compiling it and raise ``ValueError`` naming the keyword, where it is, the value and the
 limit (:mod:`anylogits.core.limits`). The engine's own budgets (lexer fuel, grammar size)
-and the guarded first validation (:mod:`anylogits.processors._grammar_guard`) bound
+and the guarded first validation (:mod:`anylogits.processors.structured.guard`) bound
 whatever these checks do not know about.
 """
 

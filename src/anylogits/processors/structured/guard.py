@@ -1,6 +1,6 @@
 """A grammar's first validation, in a child process under a memory and a time budget.
 
-The bounds of :mod:`anylogits.processors._grammar_bounds` cover every count we know of;
+The bounds of :mod:`anylogits.processors.structured.bounds.counts` cover every count we know of;
 this guards against the ones nobody thought of. llguidance is Rust: when an allocation
 fails it aborts the whole process (llguidance 1.7 compiling ``maxItems: 1e9`` asked for
 4 GB, and a vLLM API server died with it, for every client). So the first validation

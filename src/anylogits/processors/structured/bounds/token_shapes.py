@@ -1,8 +1,8 @@
 """What a lexer token's language looks like to the greedy-lexing check
-(:mod:`~anylogits.processors._greedy_lexing`): the characters it can start with, whether
-it can be empty, and its "word" form (one fixed string, the powers of one primitive word,
-or mixed) with the words it can end repeating; read from llguidance's Rust regex syntax
-(:func:`regex_shape`) or a literal (:func:`literal_shape`).
+(:mod:`~anylogits.processors.structured.bounds.greedy_lexing`): the characters it can
+start with, whether it can be empty, and its "word" form (one fixed string, the powers of
+one primitive word, or mixed) with the words it can end repeating; read from llguidance's
+Rust regex syntax (:func:`regex_shape`) or a literal (:func:`literal_shape`).
 """
 
 from __future__ import annotations

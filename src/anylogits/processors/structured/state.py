@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from anylogits.processors._grammar_engine import GrammarEngine
+from anylogits.processors.structured.engine import GrammarEngine
 
 
 class MatcherLine:
