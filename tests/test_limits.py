@@ -21,7 +21,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import anylogits
-from anylogits import Choice, Grammar, LogitBias, SuppressTokens, TopK, from_spec, to_specs
+from anylogits import (
+    Choice,
+    Grammar,
+    LogitBias,
+    SuppressTokens,
+    TopK,
+    Vocabulary,
+    from_spec,
+    to_specs,
+)
 from anylogits.adapters.vllm_requests import VllmRequests, request_specs
 from anylogits.core import limits as limits_module
 from anylogits.core.limits import (
@@ -101,19 +110,26 @@ def test_request_level_shapes_are_refused_at_once(case: str) -> None:
         request_specs({"anylogits": text})
 
 
-def test_the_grammar_of_issue_14_is_refused_by_size_when_built_in_python() -> None:
+def test_the_grammar_of_issue_14_is_refused_by_size_from_a_request_by_cost_in_python() -> None:
+    """A request's grammar text is bounded ('grammar_chars'); built in Python, the same
+    grammar is refused by what it costs: 100,000 alternatives."""
     pytest.importorskip("llguidance")
     grammar = json.loads(REQUEST_LEVEL["grammar_100k_alternatives"][0])[0]["grammar"]
     with pytest.raises(ValueError, match=r"grammar has 1288894 characters.*'grammar_chars'"):
+        from_spec({"type": "grammar", "grammar": grammar})
+    with pytest.raises(ValueError, match=r"alternation in grammar has 100000 .*'alternatives'"):
         Grammar(grammar)
 
 
 def test_a_grammar_over_llguidances_budget_is_refused() -> None:
     pytest.importorskip("llguidance")
     grammar = 'start: "a" | "b" | "c"'
-    Grammar(grammar)
+    from_spec({"type": "grammar", "grammar": grammar})
     with override(grammar_size=2), pytest.raises(ValueError, match="grammar"):
-        Grammar(grammar + ' | "d"')
+        from_spec({"type": "grammar", "grammar": grammar + ' | "d"'})
+    vocab = Vocabulary((b"a", b"b", b"c", b"d", b"<eos>"), eos_token_ids=frozenset({4}))
+    with override(grammar_size=2), pytest.raises(ValueError, match="grammar"):
+        Grammar(grammar + ' | "d"').bind(vocab)
 
 
 def test_every_limit_has_a_reason_and_is_listed_in_the_readme() -> None:

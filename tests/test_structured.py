@@ -4,6 +4,7 @@ the grammar accepts, sequences forked and rolled back, errors before generation.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -190,11 +191,8 @@ def test_a_token_outside_the_grammar_ends_the_sequence() -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: Regex("(ab"), "regex '\\(ab' does not compile"),
-        (lambda: JSONSchema({"type": "object", "not": {}}), "not"),
         (lambda: JSONSchema("{"), "schema is not valid JSON"),
         (lambda: JSONSchema(3), "schema must be a dict"),
-        (lambda: Grammar("start: foo"), "lark grammar does not compile"),
         (lambda: Grammar("root ::= missing", syntax="gbnf"), "gbnf grammar"),
         (lambda: Grammar("start: 'a'", syntax="ebnf"), "syntax must be 'lark' or 'gbnf'"),
         (lambda: Choice([]), "non-empty list"),
@@ -204,6 +202,36 @@ def test_a_token_outside_the_grammar_ends_the_sequence() -> None:
 def test_bad_input_is_rejected_at_construction(build: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()  # type: ignore[operator]
+
+
+NOT_COMPILING = [
+    ({"type": "regex", "pattern": "(ab"}, "Regex: regex '\\(ab' does not compile"),
+    ({"type": "json_schema", "schema": {"type": "object", "not": {}}}, "keys.*not"),
+    ({"type": "grammar", "grammar": "start: foo"}, "Grammar: the lark grammar does not compile"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), NOT_COMPILING)
+def test_a_grammar_that_does_not_compile_is_refused_when_bound(spec: dict, message: str) -> None:
+    """Built in Python, a grammar is compiled once, when bound to the vocabulary (what
+    every hook does when it is made): the error comes then, before any generation."""
+    processor = _built_here(spec)
+    with pytest.raises(ValueError, match=message):
+        processor.bind(VOCAB)
+
+
+@pytest.mark.parametrize(("spec", "message"), NOT_COMPILING)
+def test_a_spec_that_does_not_compile_is_refused_when_parsed(spec: dict, message: str) -> None:
+    """From a request, the guarded checker compiles it first: a server's 400."""
+    with pytest.raises(ValueError, match=message):
+        from_spec(spec)
+
+
+def _built_here(spec: dict) -> Any:
+    fields = dict(spec)
+    return {"regex": Regex, "json_schema": JSONSchema, "grammar": Grammar}[fields.pop("type")](
+        **fields
+    )
 
 
 def test_an_engine_failure_raises_instead_of_ending_the_sequence() -> None:
@@ -369,10 +397,15 @@ def test_a_grammar_is_validated_and_compiled_once(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(llguidance, "LLMatcher", CountingMatcher())
     pattern = f"(ab){{1,{len(compiled) + 977}}}"  # a grammar no other test compiles
-    misses = _grammar_engine._validation_error.cache_info().misses
+    validations = _grammar_engine.VALIDATIONS.stats()
+    compiles = _grammar_engine.COMPILED.stats()
     for _ in range(3):
         processor = from_spec({"type": "regex", "pattern": pattern})
         processor.bind(VOCAB)
         processor.init_state(torch.tensor([0]))
-    assert _grammar_engine._validation_error.cache_info().misses == misses + 1
+    assert _grammar_engine.VALIDATIONS.stats().misses == validations.misses + 1
+    assert _grammar_engine.VALIDATIONS.stats().hits == validations.hits + 2
     assert len(compiled) == 1
+    # Each bind and each sequence's start found the compiled grammar (1 miss, 5 hits).
+    assert _grammar_engine.COMPILED.stats().misses == compiles.misses + 1
+    assert _grammar_engine.COMPILED.stats().hits == compiles.hits + 5

@@ -8,7 +8,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from anylogits.core.limits import check_size, limits
+from anylogits.core.limits import building_from_request, check_size, limits
 from anylogits.core.registry import processor_type
 
 if TYPE_CHECKING:
@@ -113,7 +113,8 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
     if missing:
         raise ValueError(f"spec for {kind!r} is missing required field(s) {missing}")
     try:
-        return cls(**fields)
+        with building_from_request():
+            return cls(**fields)
     except ValueError:
         raise
     except Exception as error:

@@ -19,14 +19,16 @@ exactly when the grammar accepts. Engine: llguidance (``pip install 'anylogits[s
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths
-from anylogits.core.limits import check_items, check_size, check_text
+from anylogits.core.limits import check_items, check_request_size, from_request
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
@@ -41,17 +43,31 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     """A processor whose state is a cursor on a grammar matcher's token line."""
 
     def _set_grammar(self, grammar: str, what: str) -> None:
-        try:
-            ENGINE.check(grammar)
-        except ValueError as error:
-            raise ValueError(f"{type(self).__name__}: {what} does not compile: {error}") from None
         self.grammar = grammar
+        self._what = what
+        # A spec from a request is compiled first in the guarded checker (bounded CPU
+        # time and memory; a server answers 400 there). One built here by its user is
+        # compiled once, when it is bound to a vocabulary, as llguidance alone would:
+        # a separate validation would cost ~40% of a compile more (measured on the
+        # Kubernetes corpus) before the first mask.
+        if from_request():
+            with self._compile_errors():
+                ENGINE.check(grammar)
+
+    @contextlib.contextmanager
+    def _compile_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except ValueError as error:
+            message = f"{type(self).__name__}: {self._what} does not compile: {error}"
+            raise ValueError(message) from None
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
         self._bitmask = torch.empty(0, 0, dtype=torch.int32)
         if vocab is not None:
-            ENGINE.start(self.grammar, vocab)  # compile now: errors before generation
+            with self._compile_errors():  # compiled now: errors before generation
+                ENGINE.start(self.grammar, vocab)
             words = (ENGINE.vocab_size(vocab) + 31) // 32
             self._bitmask = torch.empty(0, words, dtype=torch.int32)
             # The row of a sequence that left the grammar: EOS only.
@@ -69,7 +85,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
 
     def init_state(self, prompt_ids: torch.Tensor) -> GrammarCursor:
         # The constraint applies to generated tokens only.
-        return GrammarCursor.start(ENGINE, ENGINE.start(self.grammar, self._vocab()))
+        return GrammarCursor.start(ENGINE, *ENGINE.start_with_mask(self.grammar, self._vocab()))
 
     def advance(self, state: GrammarCursor, token_id: int) -> GrammarCursor:
         return state.advance(token_id)
@@ -114,7 +130,7 @@ class Regex(_Grammar):
     def __init__(self, pattern: str) -> None:
         if not isinstance(pattern, str):
             raise ValueError(f"pattern must be a string, got {pattern!r}")
-        check_text("pattern", pattern, "grammar_chars")
+        check_request_size("pattern", len(pattern), "grammar_chars", "characters")
         check_regex(pattern, "pattern")
         self.pattern = pattern
         self._set_grammar(
@@ -125,6 +141,17 @@ class Regex(_Grammar):
         return {"pattern": self.pattern}
 
 
+def json_options(flexible_whitespace: bool = False, lenient: bool = False) -> dict[str, Any]:
+    """llguidance's JSON compile options for :class:`JSONSchema`'s arguments (the same
+    options compile the same grammar in llguidance alone)."""
+    options: dict[str, Any] = {"whitespace_flexible": flexible_whitespace}
+    if not flexible_whitespace:
+        options.update(item_separator=", ", key_separator=": ")
+    if lenient:
+        options.update(coerce_one_of=True, lenient=True)
+    return options
+
+
 class JSONSchema(_Grammar):
     """Generated text is JSON valid under ``schema``.
 
@@ -133,6 +160,11 @@ class JSONSchema(_Grammar):
         flexible_whitespace: allow any JSON whitespace between tokens; by default the
             output is laid out like ``json.dumps`` (``", "`` and ``": "``), which keeps a
             model from spending its tokens on whitespace.
+        lenient: compile what the engine can approximate instead of refusing it:
+            ``oneOf`` as ``anyOf``, and keywords it does not implement (``uniqueItems``,
+            ``if``/``then``, ``not``, unknown formats, ...) ignored. One Kubernetes
+            schema in four uses ``oneOf``; outputs then satisfy the schema except for
+            what was approximated (validate them if that matters).
 
     Example:
         >>> import torch
@@ -146,12 +178,15 @@ class JSONSchema(_Grammar):
     spec_name = "json_schema"
 
     def __init__(
-        self, schema: dict[str, Any] | str | type, flexible_whitespace: bool = False
+        self,
+        schema: dict[str, Any] | str | type,
+        flexible_whitespace: bool = False,
+        lenient: bool = False,
     ) -> None:
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()
         elif isinstance(schema, str):
-            check_text("schema", schema, "grammar_chars")
+            check_request_size("schema", len(schema), "grammar_chars", "characters")
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as error:
@@ -163,23 +198,28 @@ class JSONSchema(_Grammar):
                 f"schema must be a dict, its JSON text or a pydantic model class, got {schema!r}"
             )
         check_json_value(schema, "schema")
-        check_size("schema", len(json.dumps(schema)), "grammar_chars", "bytes of JSON")
+        check_request_size("schema", len(json.dumps(schema)), "grammar_chars", "bytes of JSON")
         check_schema(schema)
-        if not isinstance(flexible_whitespace, bool):
-            raise ValueError(f"flexible_whitespace must be a bool, got {flexible_whitespace!r}")
+        for name, value in (("flexible_whitespace", flexible_whitespace), ("lenient", lenient)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}")
         self.schema = schema
         self.flexible_whitespace = flexible_whitespace
-        layout: dict[str, Any] = {"whitespace_flexible": flexible_whitespace}
-        if not flexible_whitespace:
-            layout.update(item_separator=", ", key_separator=": ")
+        self.lenient = lenient
         try:
-            grammar = load_llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=layout)
+            grammar = load_llguidance().LLMatcher.grammar_from_json_schema(
+                schema, defaults=json_options(flexible_whitespace, lenient)
+            )
         except ValueError as error:
             raise ValueError(f"JSONSchema: schema is not usable: {error}") from None
         self._set_grammar(grammar, "the JSON schema")
 
     def config(self) -> dict[str, Any]:
-        return {"schema": self.schema, "flexible_whitespace": self.flexible_whitespace}
+        return {
+            "schema": self.schema,
+            "flexible_whitespace": self.flexible_whitespace,
+            "lenient": self.lenient,
+        }
 
 
 class Choice(_Grammar):
@@ -206,7 +246,7 @@ class Choice(_Grammar):
         ):
             raise ValueError(f"choices must be a non-empty list of strings, got {choices!r}")
         check_items("choices", choices)
-        check_size("choices", sum(map(len, choices)), "grammar_chars", "characters in all")
+        check_request_size("choices", sum(map(len, choices)), "grammar_chars", "characters in all")
         if len(set(choices)) != len(choices):
             raise ValueError(f"choices holds duplicates: {choices!r}")
         self.choices = list(choices)
@@ -240,7 +280,7 @@ class Grammar(_Grammar):
     def __init__(self, grammar: str, syntax: str = "lark") -> None:
         if not isinstance(grammar, str):
             raise ValueError(f"grammar must be a string, got {grammar!r}")
-        check_text("grammar", grammar, "grammar_chars")
+        check_request_size("grammar", len(grammar), "grammar_chars", "characters")
         if syntax not in ("lark", "gbnf"):
             raise ValueError(f"syntax must be 'lark' or 'gbnf', got {syntax!r}")
         self.text = grammar

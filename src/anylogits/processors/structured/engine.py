@@ -8,9 +8,9 @@ CPU into a packed ``(B, ceil(V/32))`` int32 bitmask, the layout of
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ import torch
 
 from anylogits.core.limits import limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
+from anylogits.processors.structured.cache import BoundedCache, grammar_key
 from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,10 @@ class GrammarEngine(Protocol):
 
     def start(self, grammar: str, vocab: Vocabulary) -> Any:
         """A fresh matcher of ``grammar`` over ``vocab`` (compiled once per pair)."""
+
+    def start_with_mask(self, grammar: str, vocab: Vocabulary) -> tuple[Any, torch.Tensor]:
+        """:meth:`start`'s matcher and its first mask, a packed int32 row (computed once
+        per compiled grammar)."""
 
     def copy(self, matcher: Any) -> Any:
         """An independent copy of ``matcher``, rollback history included."""
@@ -123,19 +128,42 @@ def _parser_limits(budget: dict[str, int]) -> Any:
     return load_llguidance().LLParserLimits(**budget, verbose_errors=False)
 
 
-@functools.lru_cache(maxsize=1024)
-def _validation_error(
-    grammar: str, budget: tuple[tuple[str, int], ...], guard: tuple[int, int]
-) -> str | None:
+# Verdicts are small; compiled grammars hold the grammar and its lexer: bounded by count
+# and by the bytes of grammar text they were compiled from (a 1 MB Kubernetes schema's
+# grammar compiles to a few MB).
+VALIDATIONS = BoundedCache(max_entries=4096, max_weight=1 << 62)
+COMPILED = BoundedCache(max_entries=256, max_weight=256 << 20)
+
+
+def _validation_error(grammar: str, budget: dict[str, int], guard: tuple[int, int]) -> str | None:
     """llguidance's error for ``grammar`` under ``budget``, or ``None``; remembered, since
     a server validates each request's grammar in its frontend before the engine compiles
     the same grammar again. Validated in the guarded child process, under ``guard`` (its
-    memory and time budget): a grammar over either is an error too, remembered as well,
-    so that sending it again costs nothing."""
+    memory and CPU-time budget): a grammar over either is an error too, remembered as
+    well, so that sending it again costs nothing."""
+    key = (grammar_key(grammar), tuple(budget.values()), guard)
+    found = VALIDATIONS.get(key)
+    if found is not None:
+        return found[0]
     try:
-        return GUARD.validate(grammar, dict(budget))
-    except GrammarCheckFailed as error:
-        return str(error)
+        error = GUARD.validate(grammar, budget)
+    except GrammarCheckFailed as failed:
+        error = str(failed)
+        if failed.transient:  # the machine, not the grammar: not remembered
+            raise ValueError(error) from None
+    VALIDATIONS.put(key, (error,))
+    return error
+
+
+class _Compiled:
+    """A compiled grammar: the matcher every sequence copies, and its first mask."""
+
+    __slots__ = ("first_row", "template", "tokenizer")
+
+    def __init__(self, tokenizer: Any, template: Any, first_row: torch.Tensor) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.first_row = first_row
 
 
 class LLGuidanceEngine:
@@ -146,13 +174,12 @@ class LLGuidanceEngine:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tokenizers: weakref.WeakKeyDictionary[Vocabulary, Any] = weakref.WeakKeyDictionary()
-        self._compiled: dict[tuple[int, str, tuple[int, ...]], Any] = {}
         self._executor: Any = None
 
     def check(self, grammar: str) -> None:
         current = limits()
         guard = (current.grammar_check_mb, current.grammar_check_ms)
-        error = _validation_error(grammar, tuple(llguidance_limits().items()), guard)
+        error = _validation_error(grammar, llguidance_limits(), guard)
         if error is not None:
             raise ValueError(error)
 
@@ -169,35 +196,51 @@ class LLGuidanceEngine:
             return tokenizer
 
     def start(self, grammar: str, vocab: Vocabulary) -> Any:
+        return self.start_with_mask(grammar, vocab)[0]
+
+    def start_with_mask(self, grammar: str, vocab: Vocabulary) -> tuple[Any, torch.Tensor]:
         tokenizer = self.tokenizer(vocab)
         budget = llguidance_limits()
-        key = (id(tokenizer), grammar, tuple(budget.values()))
-        template = self._compiled.get(key)
-        if template is None:
-            llguidance = load_llguidance()
-            template = llguidance.LLMatcher(
-                tokenizer, grammar, log_level=0, limits=_parser_limits(budget)
+        key = (grammar_key(grammar), tuple(budget.values()), id(tokenizer))
+        compiled = COMPILED.get(key)
+        if compiled is None or compiled.tokenizer is not tokenizer:
+            started = time.perf_counter()
+            compiled = self._compile(tokenizer, grammar, budget)
+            COMPILED.put(key, compiled, weight=len(grammar))
+            logger.info(
+                "compiled a grammar of %d KB for a vocabulary of %d tokens in %.1f ms; "
+                "compiled grammars: %s",
+                len(grammar) >> 10,
+                tokenizer.vocab_size,
+                (time.perf_counter() - started) * 1e3,
+                COMPILED.stats(),
             )
-            if template.is_error():
-                raise ValueError(template.get_error())
-            # A grammar can compile and still allow no first token (`root ::= r0`,
-            # `r0 ::= r0`): refuse it here, before generation, not at its first mask.
-            probe = template.deep_copy()
-            probe.compute_bitmask()
-            if probe.is_error():
-                reason = probe.get_error().splitlines()[0]
-                if reason.startswith("panic"):  # the engine failed, not the grammar
-                    raise RuntimeError(f"llguidance failed to compute a mask: {reason}")
-                if _ran_out_of_budget(reason):
-                    raise ValueError(
-                        "the grammar's first token needs more than its per-token budget "
-                        f"(anylogits limits 'grammar_step_items', 'grammar_step_fuel'): {reason}"
-                    )
-                raise ValueError(f"the grammar allows no output ({reason})")
-            if len(self._compiled) >= 256:  # bounded: a server sees endless schemas
-                self._compiled.pop(next(iter(self._compiled)))
-            self._compiled[key] = template
-        return template.deep_copy()
+        return compiled.template.deep_copy(), compiled.first_row
+
+    def _compile(self, tokenizer: Any, grammar: str, budget: dict[str, int]) -> _Compiled:
+        llguidance = load_llguidance()
+        template = llguidance.LLMatcher(
+            tokenizer, grammar, log_level=0, limits=_parser_limits(budget)
+        )
+        if template.is_error():
+            raise ValueError(template.get_error())
+        # A grammar can compile and still allow no first token (`root ::= r0`,
+        # `r0 ::= r0`): refuse it here, before generation, not at its first mask. That
+        # mask is every sequence's first: kept, it is not computed again.
+        probe = template.deep_copy()
+        first = probe.compute_bitmask()
+        if probe.is_error():
+            reason = probe.get_error().splitlines()[0]
+            if reason.startswith("panic"):  # the engine failed, not the grammar
+                raise RuntimeError(f"llguidance failed to compute a mask: {reason}")
+            if _ran_out_of_budget(reason):
+                raise ValueError(
+                    "the grammar's first token needs more than its per-token budget "
+                    f"(anylogits limits 'grammar_step_items', 'grammar_step_fuel'): {reason}"
+                )
+            raise ValueError(f"the grammar allows no output ({reason})")
+        first_row = torch.frombuffer(bytearray(first), dtype=torch.int32)
+        return _Compiled(tokenizer, template, first_row)
 
     def copy(self, matcher: Any) -> Any:
         return matcher.deep_copy()

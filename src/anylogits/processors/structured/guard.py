@@ -1,14 +1,15 @@
-"""A grammar's first validation, in a child process under a memory and a time budget.
+"""A grammar's first validation, in a child process under a memory and a CPU-time budget.
 
-The bounds of :mod:`anylogits.processors.structured.bounds.counts` cover every count we know of;
-this guards against the ones nobody thought of. llguidance is Rust: when an allocation
-fails it aborts the whole process (llguidance 1.7 compiling ``maxItems: 1e9`` asked for
-4 GB, and a vLLM API server died with it, for every client). So the first validation
-of each grammar runs in a small child process (Python and llguidance only, no torch)
-whose address space is capped at its idle size plus ``grammar_check_mb`` and whose
-answer is awaited at most ``grammar_check_ms``. A grammar over either budget is refused
-with a ``ValueError`` naming the limit; the child is then replaced, and the process that
-asked (a server's frontend, an engine) is untouched.
+The rules of :mod:`anylogits.processors.structured.bounds` cover every cost we know of;
+this guards against the ones nobody thought of, and bounds what a grammar's size costs.
+llguidance is Rust: when an allocation fails it aborts the whole process (llguidance 1.7
+compiling ``maxItems: 1e9`` asked for 4 GB, and a vLLM API server died with it, for every
+client). So the first validation of each grammar runs in a small child process (Python
+and llguidance only, no torch) whose address space is capped at its idle size plus
+``grammar_check_mb`` and which may spend at most ``grammar_check_ms`` of CPU time on it
+(CPU time, not wall clock: on a loaded machine the verdict is the same). A grammar over
+either budget is refused with a ``ValueError`` naming the limit; the child is then
+replaced, and the process that asked (a server's frontend, an engine) is untouched.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 
 from anylogits.core.limits import ENVIRONMENT_VARIABLE, limits
 
@@ -60,8 +62,50 @@ for line in sys.stdin:
 """
 
 
+# The checker's CPU time is read from /proc (clock ticks: 10 ms at USER_HZ=100).
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# A check that got less CPU than its budget in this long is not the grammar's fault.
+STARVED_AFTER_S = 60.0
+_OVER_BUDGET = object()
+_STARVED = object()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used, all its threads."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        # Fields after the command name (which may hold spaces and parentheses).
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
+def _answer(process: subprocess.Popen[bytes], cpu_before: float, budget_s: float) -> object:
+    """The checker's answer line; :data:`_OVER_BUDGET` once it has used ``budget_s`` of CPU
+    time on this grammar without answering, :data:`_STARVED` if it could not use that much
+    in :data:`STARVED_AFTER_S` (load, not the grammar). CPU time, not wall clock: on a
+    loaded machine the same grammar gets the same verdict."""
+    assert process.stdout is not None
+    started = time.monotonic()
+    wait = budget_s
+    while True:
+        ready, _, _ = select.select([process.stdout], [], [], wait)
+        if ready:
+            return process.stdout.readline()
+        used = _cpu_seconds(process.pid) - cpu_before
+        if used >= budget_s:
+            return _OVER_BUDGET
+        if time.monotonic() - started > STARVED_AFTER_S:
+            return _STARVED
+        # At least one clock tick between reads: the counter moves no finer.
+        wait = max(budget_s - used, 1 / _TICKS_PER_S)
+
+
 class GrammarCheckFailed(ValueError):
-    """The grammar went over the memory or time budget of its validation."""
+    """The grammar went over the memory or CPU-time budget of its validation, or
+    (``transient``) the machine was too loaded to tell."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class GuardedValidator:
@@ -89,22 +133,27 @@ class GuardedValidator:
             assert process.stdin is not None and process.stdout is not None
             request = json.dumps({"grammar": grammar, "limits": budget}) + "\n"
             try:
+                cpu_before = _cpu_seconds(process.pid)
                 process.stdin.write(request.encode())
                 process.stdin.flush()
-                ready, _, _ = select.select(
-                    [process.stdout], [], [], current.grammar_check_ms / 1000
-                )
-                line = process.stdout.readline() if ready else None
+                line = _answer(process, cpu_before, current.grammar_check_ms / 1000)
             except (BrokenPipeError, OSError):
                 line = b""
-            if line and line.endswith(b"\n"):
+            if isinstance(line, bytes) and line.endswith(b"\n"):
                 return json.loads(line)["error"]
             self._stop()
-        if line is None:
+        if line is _OVER_BUDGET:
             raise GrammarCheckFailed(
-                f"the grammar takes longer than {current.grammar_check_ms} ms to compile "
-                f"(anylogits limit 'grammar_check_ms'; raise it with {ENVIRONMENT_VARIABLE}="
-                "'{\"grammar_check_ms\": N}')"
+                f"the grammar takes more than {current.grammar_check_ms} ms of CPU time to "
+                f"compile (anylogits limit 'grammar_check_ms'; raise it with "
+                f"{ENVIRONMENT_VARIABLE}='{{\"grammar_check_ms\": N}}')"
+            )
+        if line is _STARVED:
+            raise GrammarCheckFailed(
+                f"the grammar check got less than {current.grammar_check_ms} ms of CPU time in "
+                f"{STARVED_AFTER_S:.0f} s: this machine is overloaded (not a limit of the "
+                "grammar's); send it again",
+                transient=True,
             )
         raise GrammarCheckFailed(
             f"the grammar needs more than {current.grammar_check_mb} MB to compile (anylogits "

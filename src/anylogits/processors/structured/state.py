@@ -24,12 +24,20 @@ from anylogits.processors.structured.engine import GrammarEngine
 class MatcherLine:
     """One matcher and the tokens it may be moved along."""
 
-    __slots__ = ("end", "engine", "matcher", "position", "tokens")
+    __slots__ = ("end", "engine", "first_row", "matcher", "position", "tokens")
 
-    def __init__(self, engine: GrammarEngine, matcher: Any, tokens: list[int]) -> None:
+    def __init__(
+        self,
+        engine: GrammarEngine,
+        matcher: Any,
+        tokens: list[int],
+        first_row: torch.Tensor | None = None,
+    ) -> None:
         self.engine = engine
         self.matcher = matcher
         self.tokens = tokens
+        # The mask at depth 0, known from compiling: not computed again per sequence.
+        self.first_row = first_row
         self.position = 0  # the matcher has consumed tokens[:position]
         # tokens[end] was refused: the prefix left the grammar there, or the matcher had
         # stopped (a finished row's padding). Either way the sequence is over.
@@ -52,7 +60,9 @@ class MatcherLine:
 
     def branch(self, depth: int) -> MatcherLine:
         """A new line holding ``tokens[:depth]``, from a copy of this line's matcher."""
-        line = MatcherLine(self.engine, self.engine.copy(self.matcher), self.tokens[:depth])
+        line = MatcherLine(
+            self.engine, self.engine.copy(self.matcher), self.tokens[:depth], self.first_row
+        )
         line.position = self.position
         if self.end is not None and self.end < depth:
             line.end = self.end
@@ -72,8 +82,11 @@ class GrammarCursor:
         self.depth = depth
 
     @classmethod
-    def start(cls, engine: GrammarEngine, matcher: Any) -> GrammarCursor:
-        return cls(MatcherLine(engine, matcher, []), 0)
+    def start(
+        cls, engine: GrammarEngine, matcher: Any, first_row: torch.Tensor | None = None
+    ) -> GrammarCursor:
+        """The state before any token; ``first_row``: the matcher's first mask, if known."""
+        return cls(MatcherLine(engine, matcher, [], first_row), 0)
 
     def advance(self, token_id: int) -> GrammarCursor:
         line, depth = self.line, self.depth
@@ -112,6 +125,9 @@ def fill_bitmask(
     for work in rounds:
         filled = []
         for line, depth, rows in work:
+            if depth == 0 and line.first_row is not None:
+                bitmask[rows] = line.first_row
+                continue
             matcher = line.matcher_at(depth)
             if matcher is None:
                 bitmask[rows] = ended_row

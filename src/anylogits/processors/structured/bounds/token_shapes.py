@@ -288,10 +288,16 @@ def regex_shape(pattern: str, flags: str = "") -> Shape:
 
 
 def literal_shape(text: str, ignore_case: bool = False) -> Shape:
-    shape = _EMPTY
-    for char in text:
-        shape = cat(shape, _char(char, ignore_case))
-    return shape
+    """The shape of ``text``'s characters one after another, written out: what folding
+    :func:`cat` over them gives, in one step (a grammar of 2,700 literals was 0.17 s
+    to check, one ``cat`` per character)."""
+    if not text:
+        return _EMPTY
+    first = _char(text[0], ignore_case).first
+    if ignore_case and any(char.lower() != char.upper() for char in text):
+        return Shape(first, False, ("mixed", ""), frozenset())
+    words = ("fixed", text) if len(text) <= _MAX_FIXED else ("mixed", "")
+    return Shape(first, False, words, frozenset())
 
 
 # The grammar: rules (lowercase) over tokens; terminals (uppercase) are one token each.
