@@ -44,11 +44,11 @@ def test_a_hostile_structured_spec_is_refused_naming_keyword_value_and_limit(cas
         ({"type": "array", "maxItems": 10_001}, "schema['maxItems'] is 10001"),
         ({"type": "array", "minContains": 10_001}, "schema['minContains'] is 10001"),
         ({"type": "object", "maxProperties": 10**9}, "schema['maxProperties']"),
-        ({"type": "string", "minLength": 65_537}, "schema['minLength'] is 65537"),
+        ({"type": "string", "minLength": 1_048_577}, "schema['minLength'] is 1048577"),
         ({"items": [{"maxItems": 2e9}]}, "schema['items'][0]['maxItems'] is 2000000000"),
         ({"$defs": {"d": {"maxLength": 1e300}}}, "schema['$defs']['d']['maxLength'] is 1e+300"),
-        ({"anyOf": [{"type": "null"}] * 1025}, "schema['anyOf'] has 1025 items"),
-        ({"enum": list(range(1025))}, "schema['enum'] has 1025 items"),
+        ({"anyOf": [{"type": "null"}] * 10_001}, "schema['anyOf'] has 10001 items"),
+        ({"enum": list(range(10_001))}, "schema['enum'] has 10001 items"),
         ({"patternProperties": {"a{200}{200}": {}}}, "schema['patternProperties'] key"),
         ({"properties": {"p": {"pattern": "(a{101}){100}"}}}, "['pattern'] is 10100"),
     ],
@@ -64,8 +64,16 @@ def test_at_the_limits_a_schema_passes() -> None:
         "type": "array",
         "minItems": limits().schema_items,
         "items": {"type": "string", "maxLength": limits().string_length, "pattern": "a{10000}"},
+        "enum": list(range(limits().schema_items)),
     }
     check_schema(at)
+
+
+def test_real_world_widths_and_lengths_pass() -> None:
+    """Issue 35: a Kubernetes enum of 1,554 values and a maxLength of 131,072 were
+    refused ('items', 'string_length') though llguidance compiles them at once."""
+    check_schema({"type": "string", "enum": [f"v{i}" for i in range(1554)]})
+    check_schema({"type": "string", "maxLength": 131_072})
 
 
 @pytest.mark.parametrize(

@@ -409,3 +409,38 @@ def test_a_grammar_is_validated_and_compiled_once(monkeypatch: pytest.MonkeyPatc
     # Each bind and each sequence's start found the compiled grammar (1 miss, 5 hits).
     assert _grammar_engine.COMPILED.stats().misses == compiles.misses + 1
     assert _grammar_engine.COMPILED.stats().hits == compiles.hits + 5
+
+
+_LOGGED_COMPILE = """
+import logging, sys
+from anylogits import Regex, Vocabulary
+from anylogits.core.logs import configure_logging
+configure_logging()
+configure_logging()  # once per process: no second handler
+assert len(logging.getLogger("anylogits").handlers) == 1
+vocab = Vocabulary((b"a", b"b", b"<eos>"), eos_token_ids=frozenset({2}))
+for _ in range(3):
+    Regex("a{2,5}").bind(vocab)
+"""
+
+
+def test_a_server_logs_each_compile_with_the_cache_counters() -> None:
+    """``anylogits serve`` sets ANYLOGITS_LOG_LEVEL: a compiled grammar is logged once,
+    with the compiled-grammar cache's counters; the same grammar again is a hit."""
+    import subprocess
+    import sys
+
+    from test_support import child_environment
+
+    run = subprocess.run(
+        [sys.executable, "-c", _LOGGED_COMPILE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_environment(ANYLOGITS_LOG_LEVEL="INFO"),
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if "compiled a grammar" in line]
+    assert len(lines) == 1, run.stderr
+    assert "anylogits INFO [anylogits.processors.structured.engine]" in lines[0]
+    assert "compiled grammars: 1 entries" in lines[0] and "1 misses" in lines[0], lines[0]

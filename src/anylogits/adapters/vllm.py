@@ -46,6 +46,7 @@ from anylogits.adapters.vllm_requests import (
 )
 from anylogits.core.device_history import SlotHistory, committed_since
 from anylogits.core.limits import limits
+from anylogits.core.logs import configure_logging
 from anylogits.core.registry import load_plugins
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
@@ -111,6 +112,7 @@ def _start_engine(vllm_config: VllmConfig) -> VllmRequests:
     """What every runner's processor does at engine start: a bad ``ANYLOGITS_LIMITS`` or
     plugin stops the engine here, not every request; the vocabulary starts building."""
     global _ENGINES_HERE
+    configure_logging()
     limits()
     load_plugins()
     _ENGINES_HERE += 1

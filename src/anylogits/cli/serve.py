@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from anylogits.cli.demo.selection import install_command
+from anylogits.core.logs import ENVIRONMENT_VARIABLE as LOG_LEVEL_VARIABLE
+from anylogits.core.logs import configure_logging
 from anylogits.serving import ENGINES
 
 VLLM_PROCESSOR_CLASS = "anylogits.adapters.vllm:AnyLogits"
@@ -36,6 +38,9 @@ def serve(argv: Sequence[str]) -> int:
         )
         return 2
     engine, options = argv[0], list(argv[1:])
+    # anylogits' log lines (compiled grammars, ended requests) beside the engine's.
+    os.environ.setdefault(LOG_LEVEL_VARIABLE, "INFO")
+    configure_logging()
     if engine == "vllm":
         command = vllm_command(options)
         os.execv(command[0], command)

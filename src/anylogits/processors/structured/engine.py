@@ -239,7 +239,9 @@ class LLGuidanceEngine:
                     f"(anylogits limits 'grammar_step_items', 'grammar_step_fuel'): {reason}"
                 )
             raise ValueError(f"the grammar allows no output ({reason})")
-        first_row = torch.frombuffer(bytearray(first), dtype=torch.int32)
+        # compute_bitmask may pad its row past the bitmask's ceil(V / 32) words.
+        words = (int(tokenizer.vocab_size) + 31) // 32
+        first_row = torch.frombuffer(bytearray(first), dtype=torch.int32)[:words].clone()
         return _Compiled(tokenizer, template, first_row)
 
     def copy(self, matcher: Any) -> Any:
