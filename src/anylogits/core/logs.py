@@ -27,6 +27,7 @@ def configure_logging() -> None:
     handler.setFormatter(logging.Formatter(_FORMAT))
     handler.anylogits = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
-    logger.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
+    numeric = logging.getLevelName(level)  # the level's number, for a known name
+    logger.setLevel(numeric if isinstance(numeric, int) else logging.INFO)
     # Its own handler: the application's root handlers would print each line twice.
     logger.propagate = False

@@ -269,8 +269,14 @@ class LLGuidanceEngine:
         if bitmask.dtype != torch.int32 or not on_cpu or not bitmask.is_contiguous():
             raise ValueError("the bitmask must be a contiguous int32 CPU tensor")
         rows, words = bitmask.shape
-        # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
-        self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
+        if len(work) == 1:
+            # One row (a single sequence's step): the matcher itself, as
+            # llguidance.torch.fill_next_token_bitmask does, not the thread pool.
+            matcher, row = work[0]
+            matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + 4 * words * row, 4 * words)
+        else:
+            # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
+            self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
         ended = []
         for matcher, row in work:
             # Refused tokens are never consumed, so an error state is either the grammar's

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anylogits.core.limits import check_size, exceeded, limits
+from anylogits.core.specs import PathLink, format_path
 
 # Counts of items or properties, string lengths, divisors: (keyword, limit).
 _SCHEMA_COUNTS = {
@@ -34,22 +35,24 @@ _SCHEMA_COUNTS = {
 }
 # Keywords holding lists or maps of alternatives or members: their widths use
 # 'schema_items' (a Kubernetes enum has 1,772 values).
-_SCHEMA_WIDTHS = (
-    "enum",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "prefixItems",
-    "properties",
-    "patternProperties",
-    "required",
-    "$defs",
-    "definitions",
-    "dependentSchemas",
-    "dependentRequired",
+_SCHEMA_WIDTHS = frozenset(
+    (
+        "enum",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "prefixItems",
+        "properties",
+        "patternProperties",
+        "required",
+        "$defs",
+        "definitions",
+        "dependentSchemas",
+        "dependentRequired",
+    )
 )
 # Keywords whose values are data, not schemas: nothing inside them is a keyword.
-_SCHEMA_DATA = ("enum", "const", "default", "examples", "required", "dependentRequired")
+_SCHEMA_DATA = frozenset(("enum", "const", "default", "examples", "required", "dependentRequired"))
 
 
 def check_schema(schema: Any, where: str = "schema") -> None:
@@ -61,28 +64,36 @@ def check_schema(schema: Any, where: str = "schema") -> None:
         ...
         ValueError: schema['maxItems'] is 1000000000, more than the limit of 10000 ...
     """
-    pending: list[tuple[Any, str]] = [(schema, where)]
+    current = limits()
+    widest = current.schema_items
+    pending: list[tuple[Any, PathLink]] = [(schema, None)]
     while pending:
-        node, path = pending.pop()
+        node, link = pending.pop()
         if isinstance(node, list):
-            pending.extend((child, f"{path}[{index}]") for index, child in enumerate(node))
+            pending.extend(
+                (child, (link, index))
+                for index, child in enumerate(node)
+                if isinstance(child, (dict, list))
+            )
             continue
         if not isinstance(node, dict):
             continue
         for keyword, value in node.items():
-            at = f"{path}[{keyword!r}]"
             limit = _SCHEMA_COUNTS.get(keyword)
-            if limit is not None and _is_number(value) and value > getattr(limits(), limit):
-                raise exceeded(at, _as_int(value), limit, unit=None)
-            if keyword in _SCHEMA_WIDTHS and isinstance(value, (list, dict)):
-                check_size(at, len(value), "schema_items")
-            if keyword == "pattern" and isinstance(value, str):
-                check_regex(value, at)
+            if limit is not None and _is_number(value) and value > getattr(current, limit):
+                raise exceeded(format_path(where, (link, keyword)), _as_int(value), limit, None)
+            if not isinstance(value, (dict, list)):
+                if keyword == "pattern" and isinstance(value, str):
+                    check_regex(value, format_path(where, (link, keyword)))
+                continue
+            if keyword in _SCHEMA_WIDTHS and len(value) > widest:
+                raise exceeded(format_path(where, (link, keyword)), len(value), "schema_items")
             if keyword == "patternProperties" and isinstance(value, dict):
                 for pattern in value:
+                    at = format_path(where, (link, keyword))
                     check_regex(pattern, f"{at} key {pattern!r}")
-            if keyword not in _SCHEMA_DATA and isinstance(value, (dict, list)):
-                pending.append((value, at))
+            if keyword not in _SCHEMA_DATA:
+                pending.append((value, (link, keyword)))
 
 
 def _is_number(value: Any) -> bool:
