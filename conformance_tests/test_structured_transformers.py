@@ -161,9 +161,11 @@ def test_maskbench_coverage_and_token_level_acceptance(engine: TransformersEngin
 def test_maskbench_generated_outputs_validate(engine: TransformersEngine) -> None:
     tokenizer = engine.tokenizer
     validated = 0
+    vocab = hf_vocabulary(tokenizer)
     for name, case in _maskbench()[::6]:
         try:
             processor = JSONSchema(case["schema"])
+            processor.bind(vocab)  # built in Python: compiled (or refused) when bound
         except ValueError:
             continue
         (ids,) = generate(engine, processor, 1, n=160, do_sample=False)

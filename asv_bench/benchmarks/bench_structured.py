@@ -233,7 +233,7 @@ class SchemaCompile:
         compiled = 0
         for schema in self.schemas:
             try:
-                JSONSchema(schema)
+                JSONSchema(schema).bind(self.vocab)
             except ValueError:
                 continue
             compiled += 1

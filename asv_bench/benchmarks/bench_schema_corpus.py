@@ -1,0 +1,405 @@
+"""Issue 35: ``JSONSchema`` on real-world schemas, ours against llguidance called directly,
+on the real-schema level's corpus (``test_support.schema_corpus``: 862 Kubernetes kinds,
+26 SchemaStore schemas).
+
+The sample: the :data:`LARGEST` largest schemas that compile (in lenient mode, as all
+here: ``oneOf`` approximated; ~240 KB of JSON each) and :data:`SAMPLE` - :data:`LARGEST`
+others drawn with :data:`SEED`, the same for both vocabularies (``vocab``): ``49k``, the
+real model's (SmolLM2-135M-Instruct, 49,152 tokens), and ``128k``, the tiny model's (the
+real llama-bpe vocabulary, 128,256 tokens). Three quantities (``measure``), each pooled
+over the sample and reported as p50 / p95 / p99, ours, llguidance's and their ratio:
+
+- ``first_mask``: from the schema to the first masked logits. Ours: ``JSONSchema(schema,
+  lenient=True)``, ``for_transformers(..., tokenizer=...)`` (which compiles) and the hook's
+  first call on a one-token prompt, anylogits' compiled-grammar cache cleared before each
+  schema. Direct: ``grammar_from_json_schema`` with the same options (``json_options``),
+  ``LLMatcher`` with the same parser limits, ``fill_next_token_bitmask`` and
+  ``apply_token_bitmask_inplace``.
+- ``mask_b1``, ``mask_b32``: one decoding step along a token path, with 1 and 32 rows.
+  Each schema's path is :data:`PATH_TOKENS` tokens that llguidance allows, drawn at random
+  (seeded) among the allowed tokens other than the end of text: mostly free text inside
+  JSON strings, the dearest masks. Ours: the transformers hook fed the growing ``(B, L)``
+  history as ``generate`` feeds it (each row starting from its own prompt token, so rows
+  are distinct sequences; every call's mask must allow the path's next token, or the
+  comparison would be void). Direct: ``fill_next_token_bitmask`` (B=1) or
+  ``fill_next_token_bitmask_par`` (B=32), ``apply_token_bitmask_inplace`` and
+  ``consume_token`` per row. The first mask (the prompt's) is left out: ``first_mask``
+  measures it.
+
+Llguidance direct runs with its own tokenizer from the Hugging Face one
+(``llguidance.hf.from_tokenizer``), as its users run it; ours with anylogits' vocabulary
+(``hf_vocabulary``), whose tokenizer callback llguidance calls for forced text (JSON
+keys), a cost of ours that the ratio shows. Both sides of each schema run one after the
+other, which goes first alternating, torch on one thread; ``setup_cache`` measures
+everything once (~1.5 minutes on 2 busy cores) and the ``track_*`` methods read it.
+
+``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import common  # one torch thread, as every benchmark
+
+VOCABS = ["49k", "128k"]
+MEASURES = ["first_mask", "mask_b1", "mask_b32"]
+QUANTILES = [50, 95, 99]
+SAMPLE = 40
+LARGEST = 8
+PATH_TOKENS = 64
+SEED = 35
+
+# {vocab: {measure: (ours' seconds, direct's seconds)}}, one entry per sample.
+Times = dict[str, dict[str, tuple[list[float], list[float]]]]
+
+
+def _require() -> Any:
+    try:
+        import llguidance
+        import llguidance.hf
+        import llguidance.torch
+        import transformers  # noqa: F401
+    except ImportError as error:
+        raise NotImplementedError(f"needs transformers and llguidance: {error}") from None
+    return llguidance
+
+
+def _tokenizer(vocab: str) -> Any:
+    import transformers
+
+    if vocab == "49k":
+        from anylogits.engines.real_model import build_real_model
+
+        return transformers.AutoTokenizer.from_pretrained(build_real_model())
+    if vocab == "128k":
+        from anylogits.testing.tiny_model import build_tiny_model
+
+        return transformers.AutoTokenizer.from_pretrained(build_tiny_model())
+    raise ValueError(f"unknown vocabulary {vocab!r}: one of {VOCABS}")
+
+
+def _options() -> dict[str, Any]:
+    from anylogits.processors.structured import json_options
+
+    return json_options(False, True)
+
+
+def sample_schemas() -> list[Any]:
+    """The :data:`LARGEST` largest schemas that compile, then seeded others that do."""
+    llguidance = _require()
+    from test_support.schema_corpus import load
+
+    def compiles(schema: Any) -> bool:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema.schema, defaults=_options())
+        return not llguidance.LLMatcher.validate_grammar(grammar)
+
+    corpus = sorted(load(), key=lambda schema: (-schema.size, schema.id))
+    largest = []
+    for schema in corpus:
+        if len(largest) == LARGEST:
+            break
+        if compiles(schema):
+            largest.append(schema)
+    taken = {schema.id for schema in largest}
+    rest = [schema for schema in corpus if schema.id not in taken]
+    random.Random(SEED).shuffle(rest)
+    others = []
+    for schema in rest:
+        if len(others) == SAMPLE - LARGEST:
+            break
+        if compiles(schema):
+            others.append(schema)
+    return largest + others
+
+
+def _limits() -> Any:
+    import llguidance
+
+    from anylogits.core.limits import llguidance_limits
+
+    return llguidance.LLParserLimits(**llguidance_limits())
+
+
+class _Vocab:
+    """One vocabulary's tokenizers, logits and the direct side's matchers."""
+
+    def __init__(self, vocab: str) -> None:
+        import llguidance.hf
+
+        from anylogits.core.vocab import hf_vocabulary
+
+        self.hf = _tokenizer(vocab)
+        self.vocabulary = hf_vocabulary(self.hf)  # held: the cache holds it weakly
+        self.direct_tokenizer = llguidance.hf.from_tokenizer(self.hf)
+        self.size = len(self.hf)
+        self.eos = set(self.direct_tokenizer.eos_tokens)
+        self.logits = {batch: common.peaked_logits(batch, self.size) for batch in (1, 32)}
+
+    def matcher(self, schema: dict) -> Any:
+        import llguidance
+
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_options())
+        matcher = llguidance.LLMatcher(
+            self.direct_tokenizer, grammar, log_level=0, limits=_limits()
+        )
+        if matcher.is_error():
+            raise RuntimeError(f"the schema does not compile: {matcher.get_error()}")
+        return matcher
+
+    def path(self, schema: dict, seed: int) -> list[int]:
+        """Up to :data:`PATH_TOKENS` tokens llguidance allows, drawn at random among the
+        allowed ones other than the end of text."""
+        import llguidance.torch
+
+        rng = random.Random(seed)
+        matcher = self.matcher(schema)
+        bitmask = llguidance.torch.allocate_token_bitmask(1, self.direct_tokenizer.vocab_size)
+        path: list[int] = []
+        while len(path) < PATH_TOKENS and not matcher.is_stopped():
+            llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
+            bits = (bitmask[0, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
+            allowed = torch.nonzero(bits.reshape(-1)[: self.size]).flatten().tolist()
+            allowed = [token for token in allowed if token not in self.eos]
+            if not allowed or matcher.is_error():
+                break
+            token = rng.choice(allowed)
+            if not matcher.consume_token(token):
+                break
+            path.append(token)
+        return path
+
+
+def _clear_compiled() -> None:
+    from anylogits.processors.structured import engine
+
+    engine.COMPILED.clear()
+    engine.VALIDATIONS.clear()
+
+
+def _first_mask_ours(vocab: _Vocab, schema: dict) -> float:
+    from anylogits import JSONSchema, for_transformers
+
+    _clear_compiled()
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    logits = vocab.logits[1].clone()
+    start = time.perf_counter()
+    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf)
+    hook(ids, logits)
+    return time.perf_counter() - start
+
+
+def _first_mask_direct(vocab: _Vocab, schema: dict) -> float:
+    import llguidance.torch
+
+    logits = vocab.logits[1].clone()
+    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
+    start = time.perf_counter()
+    matcher = vocab.matcher(schema)
+    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
+    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+    return time.perf_counter() - start
+
+
+def _walk_ours(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> list[float]:
+    """Seconds per hook call along ``path``, the prompt's call left out."""
+    from anylogits import JSONSchema, for_transformers
+
+    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf)
+    ids = torch.arange(batch, dtype=torch.long)[:, None]  # a distinct prompt per row
+    times = []
+    for index in range(len(path) + 1):
+        if index:
+            ids = torch.cat([ids, torch.full((batch, 1), path[index - 1])], 1)
+        logits = vocab.logits[batch].clone()
+        start = time.perf_counter()
+        masked = hook(ids, logits)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+        if index < len(path) and not torch.isfinite(masked[:, path[index]]).all():
+            raise RuntimeError(f"token {index} of the path was refused: not comparable")
+    return times
+
+
+def _walk_direct(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> list[float]:
+    """Seconds per fill + apply + consume along ``path``, the first mask left out."""
+    import llguidance
+    import llguidance.torch
+
+    template = vocab.matcher(schema)
+    matchers = [template.deep_copy() for _ in range(batch)]
+    rows = [(matcher, row) for row, matcher in enumerate(matchers)]
+    executor = llguidance.LLExecutor()
+    bitmask = llguidance.torch.allocate_token_bitmask(batch, vocab.direct_tokenizer.vocab_size)
+    times = []
+    for index in range(len(path) + 1):
+        logits = vocab.logits[batch].clone()
+        start = time.perf_counter()
+        if batch == 1:
+            llguidance.torch.fill_next_token_bitmask(matchers[0], bitmask)
+        else:
+            llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
+        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        if index < len(path):
+            for matcher in matchers:
+                matcher.consume_token(path[index])
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+    if any(matcher.is_error() for matcher in matchers):
+        raise RuntimeError(f"llguidance refused the path: {matchers[0].get_error()}")
+    return times
+
+
+def _warm_up(vocab: _Vocab) -> None:
+    """Both sides' apply kernels (llguidance's and ours at B >= 2 are ``torch.compile``d)
+    and lazily built state, on a small schema, untimed."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    path = vocab.path(schema, 0)
+    for batch in (1, 32):
+        _walk_ours(vocab, schema, path, batch)
+        _walk_direct(vocab, schema, path, batch)
+    _first_mask_ours(vocab, schema)
+    _first_mask_direct(vocab, schema)
+
+
+def _pair(ours: Callable[..., Any], direct: Callable[..., Any], swap: bool, *args: Any) -> tuple:
+    """``ours(*args)`` and ``direct(*args)``, in the other order when ``swap``."""
+    if swap:
+        second = direct(*args)
+        return ours(*args), second
+    first = ours(*args)
+    return first, direct(*args)
+
+
+def measure(
+    vocabs: list[str] = VOCABS,
+    schemas: list[Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Times:
+    """Every quantity on :func:`sample_schemas` (or ``schemas``) per vocabulary."""
+    _require()
+    schemas = sample_schemas() if schemas is None else schemas
+    times: Times = {}
+    for name in vocabs:
+        vocab = _Vocab(name)
+        _warm_up(vocab)
+        found: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in MEASURES}
+        started = time.perf_counter()
+        for index, corpus_schema in enumerate(schemas):
+            schema, swap = corpus_schema.schema, bool(index % 2)
+            ours, direct = _pair(_first_mask_ours, _first_mask_direct, swap, vocab, schema)
+            found["first_mask"][0].append(ours)
+            found["first_mask"][1].append(direct)
+            path = vocab.path(schema, SEED + index)
+            for batch in (1, 32):
+                ours_steps, direct_steps = _pair(
+                    _walk_ours, _walk_direct, swap, vocab, schema, path, batch
+                )
+                found[f"mask_b{batch}"][0].extend(ours_steps)
+                found[f"mask_b{batch}"][1].extend(direct_steps)
+        _clear_compiled()
+        times[name] = found
+        if progress is not None:
+            progress(
+                f"{name}: {len(schemas)} schemas, "
+                f"{len(found['mask_b1'][0])} steps per batch size, "
+                f"{time.perf_counter() - started:.0f} s"
+            )
+    return times
+
+
+def quantile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile of ``values`` (linear interpolation)."""
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _reader(side: str, q: int) -> Callable[..., float]:
+    def track(self: Any, times: Times, vocab: str, measure: str) -> float:
+        ours, direct = times[vocab][measure]
+        if side == "ratio":
+            return quantile(ours, q) / quantile(direct, q)
+        return quantile(ours if side == "ours" else direct, q) * 1e6
+
+    track.unit = "ratio" if side == "ratio" else "us"  # type: ignore[attr-defined]
+    track.__name__ = f"track_{side}_p{q}" + ("" if side == "ratio" else "_us")
+    return track
+
+
+class SchemaCorpus:
+    """p50 / p95 / p99 of the time to a schema's first mask and of the time per mask at
+    B=1 and B=32, ours and llguidance direct, over a sample of the real-schema corpus.
+
+    ``setup_cache`` measures both vocabularies once; the ``track_*`` methods read it."""
+
+    params = (VOCABS, MEASURES)
+    param_names = ["vocab", "measure"]
+    timeout = 600
+
+    def setup_cache(self) -> Times | None:
+        try:
+            _require()
+        except NotImplementedError:
+            return None  # setup skips every combination
+        return measure()
+
+    setup_cache.timeout = 1800  # type: ignore[attr-defined]
+
+    def setup(self, times: Times | None, vocab: str, measure: str) -> None:
+        if times is None:
+            raise NotImplementedError("needs transformers and llguidance")
+
+    track_ours_p50_us = _reader("ours", 50)
+    track_ours_p95_us = _reader("ours", 95)
+    track_ours_p99_us = _reader("ours", 99)
+    track_direct_p50_us = _reader("direct", 50)
+    track_direct_p95_us = _reader("direct", 95)
+    track_direct_p99_us = _reader("direct", 99)
+    track_ratio_p50 = _reader("ratio", 50)
+    track_ratio_p95 = _reader("ratio", 95)
+    track_ratio_p99 = _reader("ratio", 99)
+
+
+def table(times: Times) -> str:
+    """The measurements as a Markdown table."""
+    lines = [
+        "| vocab | measure | samples | ours p50 / p95 / p99 | direct p50 / p95 / p99 "
+        "| ours / direct p50 / p95 / p99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for vocab, found in times.items():
+        for name, (ours, direct) in found.items():
+            unit, scale, digits = ("ms", 1e3, 1) if name == "first_mask" else ("us", 1e6, 0)
+            ours_q = [quantile(ours, q) for q in QUANTILES]
+            direct_q = [quantile(direct, q) for q in QUANTILES]
+            ratios = [o / d for o, d in zip(ours_q, direct_q, strict=True)]
+            lines.append(
+                f"| {vocab} | {name} | {len(ours)} "
+                f"| {' / '.join(f'{v * scale:.{digits}f}' for v in ours_q)} {unit} "
+                f"| {' / '.join(f'{v * scale:.{digits}f}' for v in direct_q)} {unit} "
+                f"| {' / '.join(f'{r:.2f}' for r in ratios)} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    vocabs = (argv if argv is not None else sys.argv[1:]) or VOCABS
+    schemas = sample_schemas()
+    sizes = sorted(schema.size for schema in schemas)
+    print(
+        f"{len(schemas)} schemas (lenient), {sizes[0]} B to {sizes[-1]} B of JSON "
+        f"(median {sizes[len(sizes) // 2]} B); paths of up to {PATH_TOKENS} tokens"
+    )
+    print(table(measure(list(vocabs), schemas, progress=print)))
+
+
+if __name__ == "__main__":
+    main()
