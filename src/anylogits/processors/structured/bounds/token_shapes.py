@@ -15,8 +15,8 @@ _END = "<end>"  # the input may end here
 _OTHER = "<other>"  # a character class of several, a special token: never forced
 _UNKNOWN = "<unknown>"  # not read (an embedded block): may be anything, w[0] included
 _MAX_FIXED = 100_000  # longer fixed strings are only known as mixed
-# Work of the FIRST/FOLLOW fixed point (node visits): ordinary grammars need thousands, a
-# grammar within 'grammar_chars' built to need more is refused (~1 s of Python at most).
+# Work of the FIRST/FOLLOW fixed point (node visits): ordinary grammars need thousands; a
+# grammar built to need more, of any size, is refused (~1 s of Python at most).
 _MAX_VISITS = 2_000_000
 
 
