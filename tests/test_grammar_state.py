@@ -130,3 +130,12 @@ def test_a_forbidden_token_ends_only_the_sequences_that_took_it() -> None:
         ENDED.tolist(),
         fresh_mask(engine, Regex("a+").grammar, [0, 0]),
     ]
+
+
+def test_a_row_packed_from_ids_equals_the_packed_bool_row() -> None:
+    from anylogits.processors.structured.mask import pack_ids
+
+    ids = [0, 31, 32, 63, 95, 200]  # bit 31 of a word is the int32 sign bit
+    allowed = torch.zeros(96, dtype=torch.bool)
+    allowed[[i for i in ids if i < 96]] = True
+    assert torch.equal(pack_ids(ids, 3), pack_bits(allowed))

@@ -22,6 +22,7 @@ from anylogits import (  # noqa: E402
     Vocabulary,
     from_spec,
 )
+from anylogits.core.registry import processor_type  # noqa: E402
 from anylogits.processors.structured import mask as _bitmask  # noqa: E402
 from anylogits.processors.structured.engine import ENGINE, _VocabularyTokenizer  # noqa: E402
 
@@ -228,10 +229,9 @@ def test_a_spec_that_does_not_compile_is_refused_when_parsed(spec: dict, message
 
 
 def _built_here(spec: dict) -> Any:
+    """The spec's processor built by its constructor, as a user does (not by from_spec)."""
     fields = dict(spec)
-    return {"regex": Regex, "json_schema": JSONSchema, "grammar": Grammar}[fields.pop("type")](
-        **fields
-    )
+    return processor_type(fields.pop("type"))(**fields)
 
 
 def test_an_engine_failure_raises_instead_of_ending_the_sequence() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -34,6 +34,20 @@ def pack_bits(allowed: torch.Tensor) -> torch.Tensor:
     words = allowed.reshape(*allowed.shape[:-1], -1, 32).long() << torch.arange(32)
     packed = words.sum(-1)
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+def pack_ids(token_ids: Iterable[int], words: int) -> torch.Tensor:
+    """The packed ``(words,)`` int32 row allowing exactly ``token_ids`` (those below
+    ``32 * words``): :func:`pack_bits` for a few ids, set bit by bit (packing a whole
+    49k-token bool row costs 0.2 ms)."""
+    packed: dict[int, int] = {}
+    for token_id in token_ids:
+        if token_id < 32 * words:
+            packed[token_id >> 5] = packed.get(token_id >> 5, 0) | 1 << (token_id & 31)
+    row = torch.zeros(words, dtype=torch.int32)
+    for word, bits in packed.items():
+        row[word] = bits - (1 << 32) if bits >= 1 << 31 else bits
+    return row
 
 
 def apply_bitmask(

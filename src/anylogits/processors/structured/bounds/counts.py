@@ -88,9 +88,9 @@ def check_schema(schema: Any, where: str = "schema") -> None:
                 continue
             if keyword in _SCHEMA_WIDTHS and len(value) > widest:
                 raise exceeded(format_path(where, (link, keyword)), len(value), "schema_items")
-            if keyword == "patternProperties" and isinstance(value, dict):
+            if keyword == "patternProperties" and isinstance(value, dict) and value:
+                at = format_path(where, (link, keyword))
                 for pattern in value:
-                    at = format_path(where, (link, keyword))
                     check_regex(pattern, f"{at} key {pattern!r}")
             if keyword not in _SCHEMA_DATA:
                 pending.append((value, (link, keyword)))
