@@ -143,6 +143,32 @@ def tests(session: nox.Session) -> None:
     )
 
 
+# What names each backend in a unit test module (code, skip reasons or docstrings).
+BACKEND_NAMES = {
+    "llama_cpp": ("llama_cpp", "llama-cpp", "llama.cpp"),
+    "mlx": ("mlx",),
+    "vllm": ("vllm",),
+}
+
+
+def unit_tests(backend: str) -> list[str]:
+    """The unit tests (tests/) a backend's conformance session runs. The tests session
+    runs them all without a backend; the transformers session all again, with
+    transformers (which every conformance session installs) and the HF vocabularies.
+    Another backend's session runs only the modules that name that backend (about a
+    third: each full rerun cost ~4 of CI's minutes) and test_import.py, which proves
+    `import anylogits` imports none of them while they are installed."""
+    if backend not in BACKEND_NAMES:
+        return ["tests"]
+    names = BACKEND_NAMES[backend]
+    modules = sorted((ROOT / "tests").glob("test_*.py"))
+    return [
+        str(module.relative_to(ROOT))
+        for module in modules
+        if module.name == "test_import.py" or any(name in module.read_text() for name in names)
+    ]
+
+
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def conformance(session: nox.Session, backend: str) -> None:
@@ -170,7 +196,7 @@ def conformance(session: nox.Session, backend: str) -> None:
         stale.unlink()
     session.run(
         "pytest",
-        "tests",
+        *unit_tests(backend),
         "conformance_tests",
         *(f"{path}/tests" for path in examples),
         f"--backends={backend}",

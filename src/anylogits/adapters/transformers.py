@@ -9,7 +9,7 @@ prefix tracker handles both, so this adapter only converts and wires in.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers import LogitsProcessor as _HFLogitsProcessor
@@ -32,8 +32,7 @@ class TransformersLogitsProcessor(PipelineHook, _HFLogitsProcessor):
         # generate keeps `scores` (output_logits=True returns them), so never edit them:
         # the first processor writes its result to another tensor, in the same pass.
         # The result has the dtype of `scores`: a FloatTensor as transformers' signature says.
-        out = self._outputs.like(scores)
-        return cast("torch.FloatTensor", self.pipeline(scores, input_ids, out=out))
+        return self.pipeline(scores, input_ids, out=self._outputs.like(scores))  # type: ignore[return-value]
 
     def reset(self) -> None:
         super().reset()

@@ -22,6 +22,34 @@ import torch
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
+class _Buffer:
+    """A kept buffer, with what :meth:`ReusedOutputs.like` compares read once: this is
+    per-token work (reading a storage's count through ``untyped_storage()`` builds a
+    Python object each time; its address is stable while we hold the buffer)."""
+
+    __slots__ = ("alone", "dtype", "inference", "shape", "storage", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        assert _storage_use_count is not None
+        self.tensor = tensor
+        self.shape = tensor.shape
+        self.dtype = tensor.dtype
+        self.inference = tensor.is_inference()
+        self.storage = tensor.untyped_storage()._cdata
+        # The storage's reference count when only we hold it.
+        self.alone = _storage_use_count(self.storage)
+
+    def fits(self, tensor: torch.Tensor) -> bool:
+        # An inference tensor (made under torch.inference_mode, as transformers'
+        # pipelines run) may not be written outside inference mode.
+        return (
+            self.shape == tensor.shape
+            and self.dtype is tensor.dtype
+            and self.tensor.device == tensor.device
+            and (not self.inference or torch.is_inference_mode_enabled())
+        )
+
+
 class ReusedOutputs:
     """Hands out output tensors shaped like the input, reusing ones nobody holds any more.
 
@@ -32,46 +60,27 @@ class ReusedOutputs:
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
-        # (our buffer, its storage's reference count when only we hold it)
-        self._buffers: list[tuple[torch.Tensor, int]] = []
+        self._buffers: list[_Buffer] = []
 
     def like(self, tensor: torch.Tensor) -> torch.Tensor:
         """An uninitialised tensor with the shape, dtype and device of ``tensor``; it does
         not overlap ``tensor`` nor any tensor returned earlier that is still held."""
-        for buffer, alone in self._buffers:
-            if _fits(buffer, tensor) and _held_only_by_us(buffer, alone):
+        for buffer in self._buffers:
+            # Whether the caller still holds it first: the cheaper test, and the one
+            # that fails when the caller alternates between two buffers.
+            if _storage_use_count(buffer.storage) == buffer.alone and buffer.fits(tensor):
                 # A new tensor on the buffer's memory: while the caller holds it
                 # (or a view of it), the storage's count says so.
-                return buffer.detach()
+                return buffer.tensor.detach()
         fresh = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
         if _storage_use_count is None:
             return fresh
-        self._buffers = [(b, alone) for b, alone in self._buffers if _fits(b, tensor)]
+        self._buffers = [buffer for buffer in self._buffers if buffer.fits(tensor)]
         if len(self._buffers) < self.keep:
-            self._buffers.append((fresh, _use_count(fresh)))
+            self._buffers.append(_Buffer(fresh))
             return fresh.detach()
         return fresh
 
     def clear(self) -> None:
         """Drop the kept buffers (their memory is freed once callers drop theirs)."""
         self._buffers = []
-
-
-def _use_count(tensor: torch.Tensor) -> int:
-    assert _storage_use_count is not None
-    return int(_storage_use_count(tensor.untyped_storage()._cdata))
-
-
-def _fits(buffer: torch.Tensor, tensor: torch.Tensor) -> bool:
-    # An inference tensor (made under torch.inference_mode, as transformers' pipelines
-    # run) may not be written outside inference mode.
-    return (
-        buffer.shape == tensor.shape
-        and buffer.dtype == tensor.dtype
-        and buffer.device == tensor.device
-        and (not buffer.is_inference() or torch.is_inference_mode_enabled())
-    )
-
-
-def _held_only_by_us(buffer: torch.Tensor, alone: int) -> bool:
-    return _use_count(buffer) == alone

@@ -136,6 +136,7 @@ class Pipeline:
             else None
         )
         self._checked_widths: set[int] = set()
+        self._checked_layouts: set[tuple[torch.dtype, torch.Size]] = set()
 
     def reset(self) -> None:
         """Forget every tracked sequence (e.g. between unrelated requests)."""
@@ -162,8 +163,10 @@ class Pipeline:
                 processor writes its result to ``out`` (see
                 :meth:`~anylogits.core.fast_paths.FastPaths.process_into`).
         """
-        self.check_logits(logits)
-        return self.apply(logits, self._batch(logits, token_ids, lengths), out=out)
+        if (logits.dtype, logits.shape[1:]) not in self._checked_layouts:
+            self.check_logits(logits)
+        result = self._run(logits, self._batch(logits, token_ids, lengths), out, compact=False)
+        return result  # type: ignore[return-value]  # compact=False: never Candidates
 
     def apply(
         self, logits: torch.Tensor, batch: Batch, *, out: torch.Tensor | None = None
@@ -277,3 +280,5 @@ class Pipeline:
             if self.vocab is not None:
                 self.vocab.check_logits_width(width)
             self._checked_widths.add(width)
+        # Checked once per layout: this is per-token work.
+        self._checked_layouts.add((logits.dtype, logits.shape[1:]))

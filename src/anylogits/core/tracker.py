@@ -14,6 +14,7 @@ cumsum over that row and a probe per distinct known length.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,10 +54,53 @@ def child_node(
 ) -> SequenceNode:
     """The node after ``token_id`` is appended to ``parent``; ``parent`` is left intact."""
     states = tuple(
-        processor.advance(processor.fork(state) if processor.mutable_state else state, token_id)
-        for processor, state in zip(processors, parent.states, strict=True)
+        [
+            processor.advance(processor.fork(state) if processor.mutable_state else state, token_id)
+            for processor, state in zip(processors, parent.states, strict=True)
+        ]
     )
     return SequenceNode(parent.length + 1, parent.prompt_length, states)
+
+
+class _HashWeights:
+    """The two rows of position weights of one seed, drawn on demand and shared by every
+    tracker of that seed: a tracker is built per hook, and drawing and listing the first
+    columns would cost ~0.1 ms of every request's first mask. Columns are only ever
+    appended, so the hashes a tracker has stored stay valid when another grows them."""
+
+    def __init__(self, seed: int) -> None:
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()
+        self.tensor = torch.empty(2, 0, dtype=torch.int64)
+        self.columns: list[tuple[int, int]] = []  # the same, as Python ints
+
+    def at_least(self, width: int) -> torch.Tensor:
+        """The weights, with at least ``width`` (at most ``_MAX_LENGTH``) columns."""
+        with self._lock:
+            known = self.tensor.shape[1]
+            if known < width:
+                # Never past _MAX_LENGTH: a wider call must come to
+                # SequenceTracker._position_weights, and be refused there.
+                size = min(max(width, 2 * known, 256), _MAX_LENGTH)
+                extra = torch.randint(
+                    0, 1 << _WEIGHT_BITS, (2, size - known), generator=self._generator
+                )
+                # Columns first: a reader that finds too few takes the lock and waits.
+                self.columns = self.columns + [tuple(column) for column in extra.T.tolist()]
+                self.tensor = torch.cat([self.tensor, extra], 1)
+            return self.tensor
+
+
+_HASH_WEIGHTS: dict[int, _HashWeights] = {}
+_HASH_WEIGHTS_LOCK = threading.Lock()
+
+
+def _hash_weights(seed: int) -> _HashWeights:
+    with _HASH_WEIGHTS_LOCK:
+        weights = _HASH_WEIGHTS.get(seed)
+        if weights is None:
+            weights = _HASH_WEIGHTS[seed] = _HashWeights(seed)
+        return weights
 
 
 class SequenceTracker:
@@ -81,9 +125,7 @@ class SequenceTracker:
             raise ValueError(f"max_idle_calls must be >= 1, got {max_idle_calls}")
         self.processors = tuple(processors)
         self.max_idle_calls = max_idle_calls
-        self._generator = torch.Generator().manual_seed(seed)
-        self._weights = torch.empty(2, 0, dtype=torch.int64)
-        self._weight_columns: list[tuple[int, int]] = []  # the same, as Python ints
+        self._weights = _hash_weights(seed)
         self._nodes: dict[tuple[int, int, int], SequenceNode] = {}
         self._length_counts: Counter[int] = Counter()
         self._touched: deque[tuple[int, list[tuple[int, int, int]]]] = deque()
@@ -119,16 +161,17 @@ class SequenceTracker:
         self._clock += 1
         self._touched.append((self._clock, []))
         ids = token_ids
-        if ids.dtype is not torch.int64 or ids.device.type != "cpu":
+        if ids.dtype is not torch.int64 or not ids.is_cpu:
             ids = ids.to(device="cpu", dtype=torch.int64)
+        if lengths is None:
+            extended = self._extend_last_call(ids)
+            if extended is not None:
+                self._expire()
+                return extended
         batch, width = ids.shape
         if width == 0:
             raise ValueError("token_ids has no columns: a sequence needs at least one token")
         weights = self._position_weights(width)
-        if lengths is None and self._extends_last_call(ids):
-            extended = self._extend_last_call(ids)
-            self._expire()
-            return extended
         if lengths is None:
             row_lengths = [width] * batch
             row_weights = weights[:, :width].unsqueeze(1)
@@ -172,25 +215,30 @@ class SequenceTracker:
         self._expire()
         return nodes
 
-    def _extends_last_call(self, ids: torch.Tensor) -> bool:
+    def _extend_last_call(self, ids: torch.Tensor) -> list[SequenceNode] | None:
+        """The nodes of a call whose every row is the same row of the last call plus one
+        token (``None`` if it is not such a call): O(B) work, in Python ints (a handful
+        of tokens; torch ops cost more than they save here). This is the per-token cost
+        of every tracked call, so it is written out in one function."""
         batch, width = ids.shape
         previous = self._last_width
-        return (
-            previous > 0
-            and width == previous + 1
-            and batch == len(self._last_nodes)
-            and torch.equal(ids[:, :previous], self._last_tokens)
-        )
-
-    def _extend_last_call(self, ids: torch.Tensor) -> list[SequenceNode]:
-        """Every row is the same row of the last call plus one token: O(B) work, in
-        Python ints (a handful of tokens; torch ops cost more than they save here)."""
+        if (
+            width != previous + 1
+            or previous == 0
+            or batch != len(self._last_nodes)
+            or not torch.equal(ids[:, :previous], self._last_tokens)
+        ):
+            return None
         last = ids.select(1, -1).tolist()
         if max(last) >= _MAX_TOKEN_ID or min(last) < 0:
             raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
-        width = ids.shape[1]
-        first_weight, second_weight = self._weight_columns[width - 1]
+        columns = self._weights.columns
+        if width > len(columns):
+            self._position_weights(width)
+            columns = self._weights.columns
+        first_weight, second_weight = columns[width - 1]
         known, clock, touched = self._nodes, self._clock, self._touched[-1][1]
+        processors = self.processors
         nodes: list[SequenceNode] = []
         hashes: list[tuple[int, int]] = []
         for parent, (first, second), token_id in zip(
@@ -200,8 +248,7 @@ class SequenceTracker:
             key = (width, first, second)
             node = known.get(key)
             if node is None:
-                # _touch, inlined: this loop is the per-token cost of every tracked call.
-                node = known[key] = self._child(parent, token_id)
+                node = known[key] = child_node(processors, parent, token_id)
                 self._length_counts[width] += 1
             node.last_seen = clock
             touched.append(key)
@@ -252,15 +299,7 @@ class SequenceTracker:
     def _position_weights(self, width: int) -> torch.Tensor:
         if width > _MAX_LENGTH:
             raise ValueError(f"sequences longer than {_MAX_LENGTH} tokens cannot be tracked")
-        known = self._weights.shape[1]
-        if known < width:
-            size = max(width, 2 * known, 256)
-            extra = torch.randint(
-                0, 1 << _WEIGHT_BITS, (2, size - known), generator=self._generator
-            )
-            self._weights = torch.cat([self._weights, extra], 1)
-            self._weight_columns = [tuple(column) for column in self._weights.T.tolist()]
-        return self._weights
+        return self._weights.at_least(width)
 
     def _touch(self, key: tuple[int, int, int], node: SequenceNode) -> None:
         if key not in self._nodes:
@@ -271,7 +310,10 @@ class SequenceTracker:
 
     def _expire(self) -> None:
         horizon = self._clock - self.max_idle_calls
-        while self._touched and self._touched[0][0] <= horizon:
+        touched = self._touched
+        if touched[0][0] > horizon:  # the usual call: nothing to expire
+            return
+        while touched and touched[0][0] <= horizon:
             _, keys = self._touched.popleft()
             for key in keys:
                 node = self._nodes.get(key)

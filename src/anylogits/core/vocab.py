@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import weakref
 from collections.abc import Callable, Iterable
@@ -22,6 +23,10 @@ class Vocabulary:
         bos_token_id: the beginning-of-sequence id, if the model has one.
         encode: the model's tokenizer (text -> ids, no special tokens added), when known;
             grammar engines use it to tokenize literal text canonically.
+        tokenizer_json: a function returning the model's tokenizer serialized in Hugging
+            Face ``tokenizers`` JSON, when the vocabulary comes from a fast tokenizer:
+            grammar engines then tokenize in their own native code rather than call
+            ``encode`` back from it (a function: 128k tokens serialize to ~10 MB).
 
     The model's logits are often wider than the tokenizer (vocabularies padded to a
     multiple of 64 or 128): ids ``>= len(tokens)`` have no text. Use
@@ -38,6 +43,7 @@ class Vocabulary:
     special_token_ids: frozenset[int] = field(default_factory=frozenset)
     bos_token_id: int | None = None
     encode: Callable[[str], list[int]] | None = field(default=None, repr=False)
+    tokenizer_json: Callable[[], str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("eos_token_ids", "special_token_ids"):
@@ -101,11 +107,22 @@ class Vocabulary:
         # A weak reference: vocabularies are cached per tokenizer, and must not keep it alive.
         tokenizer_ref = weakref.ref(tokenizer)
 
-        def encode(text: str) -> list[int]:
+        def live_tokenizer() -> Any:
             live = tokenizer_ref()
             if live is None:
                 raise RuntimeError("the tokenizer this vocabulary came from no longer exists")
-            return list(live.encode(text, add_special_tokens=False))
+            return live
+
+        def encode(text: str) -> list[int]:
+            return list(live_tokenizer().encode(text, add_special_tokens=False))
+
+        def tokenizer_json() -> str:
+            # What llguidance.hf.from_tokenizer serializes: the Rust tokenizer, added
+            # tokens included, without the padding and truncation a caller may have set.
+            backend = copy.copy(live_tokenizer().backend_tokenizer)
+            backend.no_padding()
+            backend.no_truncation()
+            return str(backend.to_str())
 
         return cls(
             tokens=tuple(tokens),
@@ -113,6 +130,7 @@ class Vocabulary:
             special_token_ids=frozenset(special_ids),
             bos_token_id=bos,
             encode=encode,
+            tokenizer_json=tokenizer_json if hasattr(tokenizer, "backend_tokenizer") else None,
         )
 
 

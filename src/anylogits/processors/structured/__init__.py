@@ -67,7 +67,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         self._bitmask = torch.empty(0, 0, dtype=torch.int32)
         if vocab is not None:
             with self._compile_errors():  # compiled now: errors before generation
-                ENGINE.start(self.grammar, vocab)
+                ENGINE.compile(self.grammar, vocab)
             words = (ENGINE.vocab_size(vocab) + 31) // 32
             self._bitmask = torch.empty(0, words, dtype=torch.int32)
             # The row of a sequence that left the grammar: EOS only.
@@ -99,9 +99,9 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     def _filled_bitmask(self, batch: Batch) -> torch.Tensor:
         """The packed allowed tokens of every row of ``batch``."""
         cursors = batch.states(self)
-        self._vocab()
         bitmask = self._bitmask
         if bitmask.shape[0] != len(cursors):
+            self._vocab()  # unbound, the bitmask has no rows: say what is missing
             if self._bitmask.shape[0] < len(cursors):
                 # Reused across calls: every row is written by each fill.
                 self._bitmask = torch.empty(len(cursors), bitmask.shape[1], dtype=torch.int32)

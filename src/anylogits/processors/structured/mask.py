@@ -142,10 +142,13 @@ def _apply_eager(logits: torch.Tensor, bitmask: torch.Tensor, target: torch.Tens
     halves, half ``k`` of the row holds tokens ``16 k .. 16 k + 15``."""
     rows, width = logits.shape
     # The bitmask is filled on the CPU; unsigned 16-bit views convert there on any build.
-    if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
+    if not bitmask.is_cpu or not bitmask.is_contiguous():
         bitmask = bitmask.cpu().contiguous()
-    index = to_device(bitmask.view(torch.uint16).view(-1).int(), logits.device)
-    table = _halfword_biases(logits.device, logits.dtype)
+    index = bitmask.view(torch.uint16).view(-1).int()
+    device = logits.device
+    if not logits.is_cpu:
+        index = to_device(index, device)
+    table = _halfword_biases(device, logits.dtype)
     if (
         width * rows == 16 * index.shape[0]
         and target.is_contiguous()

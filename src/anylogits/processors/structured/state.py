@@ -116,7 +116,7 @@ def fill_bitmask(
     and copied; rows whose sequence is over (a refused token, or the grammar's per-token
     budget run out) get ``ended_row`` (EOS only).
     """
-    if len({id(cursor.line) for cursor in cursors}) == len(cursors):
+    if len(cursors) == 1 or len({id(cursor.line) for cursor in cursors}) == len(cursors):
         # Every row on its own line (the usual decoding step): one round, no grouping.
         rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
     else:
