@@ -200,3 +200,52 @@ def test_plain_decoding_extends_without_hashing_the_history(
         generated_hash(generated[1]),
     ]
     assert probe.advance_calls == 15 and probe.init_calls == 3
+
+
+def test_a_tracker_finds_its_sequences_after_another_grew_the_shared_weights(
+    probe: GeneratedHashBias,
+) -> None:
+    # Trackers of one seed share their hash weights (drawn once per process, not per
+    # hook); another tracker growing them must not change the hashes this one stored.
+    tracker = SequenceTracker([probe])
+    states_of(tracker, [[1, 2, 3], [4, 5, 6]])
+    other = SequenceTracker([GeneratedHashBias()])
+    states_of(other, [list(range(1, 2000))])
+    # Rows swapped: the parents are found by hashing, not by extending the last call.
+    assert states_of(tracker, [[4, 5, 6, 7], [1, 2, 3, 8]]) == [
+        generated_hash([7]),
+        generated_hash([8]),
+    ]
+    assert probe.init_calls == 2
+
+
+def test_a_sequence_longer_than_the_hashes_allow_is_refused(
+    probe: GeneratedHashBias, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anylogits.core.tracker as tracker_module
+
+    monkeypatch.setattr(tracker_module, "_MAX_LENGTH", 300)
+    # A seed of its own: weights no other test has grown past this limit.
+    tracker = SequenceTracker([probe], seed=300)
+    tracker.locate(torch.arange(1, 201)[None])  # 256 weights drawn
+    row = torch.arange(1, 258)[None]
+    tracker.locate(row)  # grown by doubling, to the limit and not past it
+    while row.shape[1] < 300:
+        row = torch.cat([row, torch.tensor([[7]])], 1)
+        tracker.locate(row)
+    with pytest.raises(ValueError, match="longer than 300 tokens"):
+        tracker.locate(torch.cat([row, torch.tensor([[7]])], 1))  # extends the last call
+
+
+def test_a_prefix_hashed_in_python_is_found_by_a_batch_hashed_in_torch(
+    probe: GeneratedHashBias,
+) -> None:
+    tracker = SequenceTracker([probe])
+    states_of_full = tracker.locate(torch.tensor([[1, 2, 3]]))  # a few tokens: Python ints
+    assert [node.states[0] for node in states_of_full] == [generated_hash([])]
+    # 100 rows of 4 (past the Python limit): one extends [1, 2, 3], in another row.
+    rows = torch.arange(1000, 1400).reshape(100, 4)
+    rows[57] = torch.tensor([1, 2, 3, 4])
+    nodes = tracker.locate(rows)
+    assert nodes[57].states[0] == generated_hash([4])
+    assert probe.init_calls == 100  # [1, 2, 3] and 99 new prompts, not [1, 2, 3, 4]

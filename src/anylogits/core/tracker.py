@@ -29,6 +29,8 @@ from anylogits.core.processor import StatefulLogitsProcessor
 _WEIGHT_BITS = 23
 _MAX_TOKEN_ID = 1 << 21
 _MAX_LENGTH = 1 << 19
+# A call of at most this many tokens (a new short prompt) is hashed in Python ints.
+_HASHED_IN_PYTHON = 256
 
 
 @dataclass(slots=True)
@@ -60,6 +62,11 @@ def child_node(
         ]
     )
     return SequenceNode(parent.length + 1, parent.prompt_length, states)
+
+
+def _outside_token_range(ids: torch.Tensor) -> bool:
+    low, high = torch.aminmax(ids)
+    return bool(high >= _MAX_TOKEN_ID or low < 0)
 
 
 class _HashWeights:
@@ -180,15 +187,18 @@ class SequenceTracker:
             row_lengths = lengths.tolist()
             positions = torch.arange(width) - (width - lengths)[:, None]
             row_weights = weights[:, positions.clamp(min=0)] * (positions >= 0)
-        if batch and (int(ids.max()) >= _MAX_TOKEN_ID or int(ids.min()) < 0):
-            raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
-        # Two independent hashes, each one exact int64 dot product per row.
-        full = torch.stack([(ids * row_weights[0]).sum(1), (ids * row_weights[1]).sum(1)], 1)
-        last = ids[:, -1]
-        parent = full - last[:, None] * row_weights[:, :, -1].T
-        full_keys = full.tolist()
-        parent_keys = parent.tolist()
-        last_tokens = last.tolist()
+        if lengths is None and batch * width <= _HASHED_IN_PYTHON:
+            full_keys, parent_keys, last_tokens = self._python_hashes(ids)
+        else:
+            if batch and _outside_token_range(ids):
+                raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+            # Two independent hashes, each one exact int64 dot product per row.
+            full = torch.stack([(ids * row_weights[0]).sum(1), (ids * row_weights[1]).sum(1)], 1)
+            last = ids[:, -1]
+            parent = full - last[:, None] * row_weights[:, :, -1].T
+            full_keys = full.tolist()
+            parent_keys = parent.tolist()
+            last_tokens = last.tolist()
 
         nodes: list[SequenceNode] = []
         for row in range(batch):
@@ -268,6 +278,30 @@ class SequenceTracker:
         self._last_hashes = hashes
         self._last_nodes = nodes
 
+    def _python_hashes(
+        self, ids: torch.Tensor
+    ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """The hashes of a few full rows, of each row's parent and the last tokens, in
+        Python ints (exact, so equal to the int64 ones): one host read instead of ten
+        torch ops, a quarter of a new prompt's first call."""
+        rows = ids.tolist()
+        columns = self._weights.columns
+        last_first, last_second = columns[len(rows[0]) - 1] if rows else (0, 0)
+        full, parent, last = [], [], []
+        for row in rows:
+            if min(row) < 0 or max(row) >= _MAX_TOKEN_ID:
+                raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+            first = second = 0
+            # At least as many columns as the row has tokens: zip stops at the row.
+            for token_id, (first_weight, second_weight) in zip(row, columns, strict=False):
+                first += token_id * first_weight
+                second += token_id * second_weight
+            token_id = row[-1]
+            full.append([first, second])
+            parent.append([first - token_id * last_first, second - token_id * last_second])
+            last.append(token_id)
+        return full, parent, last
+
     def _child(self, parent: SequenceNode, token_id: int) -> SequenceNode:
         return child_node(self.processors, parent, token_id)
 
@@ -275,8 +309,10 @@ class SequenceTracker:
         self, row_ids: torch.Tensor, row_weights: torch.Tensor
     ) -> SequenceNode:
         """Replay from the longest known prefix (draft tokens, resume) or start afresh."""
-        prefix_hashes = (row_ids * row_weights).cumsum(1).T.tolist()
         length = row_ids.shape[0]
+        if not any(known < length for known in self._length_counts):
+            return root_node(self.processors, row_ids)  # a new prompt: nothing to hash
+        prefix_hashes = (row_ids * row_weights).cumsum(1).T.tolist()
         start: SequenceNode | None = None
         for known_length in sorted(self._length_counts, reverse=True):
             if known_length >= length:

@@ -20,6 +20,7 @@ exactly when the grammar accepts. Engine: llguidance (``pip install 'anylogits[s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,13 @@ from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_le
 from anylogits.processors.structured.engine import ENGINE, load_llguidance
 from anylogits.processors.structured.mask import apply_bitmask, pack_ids
 from anylogits.processors.structured.state import GrammarCursor, fill_bitmask
+
+
+@functools.lru_cache(maxsize=64)
+def _ended_row(eos_token_ids: frozenset[int], words: int) -> torch.Tensor:
+    """The row of a sequence that left the grammar: EOS only. Shared by every processor
+    of the vocabulary (only ever read) rather than packed at each hook's build."""
+    return pack_ids(eos_token_ids, words)
 
 
 class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
@@ -70,8 +78,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
                 ENGINE.compile(self.grammar, vocab)
             words = (ENGINE.vocab_size(vocab) + 31) // 32
             self._bitmask = torch.empty(0, words, dtype=torch.int32)
-            # The row of a sequence that left the grammar: EOS only.
-            self._ended_row = pack_ids(vocab.eos_token_ids, words)
+            self._ended_row = _ended_row(vocab.eos_token_ids, words)
 
     def _vocab(self) -> Vocabulary:
         if self.vocab is None:

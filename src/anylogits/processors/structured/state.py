@@ -126,11 +126,11 @@ def fill_bitmask(
         filled = []
         for line, depth, rows in work:
             if depth == 0 and line.first_row is not None:
-                bitmask[rows] = line.first_row
+                _set_rows(bitmask, rows, line.first_row)
                 continue
             matcher = line.matcher_at(depth)
             if matcher is None:
-                bitmask[rows] = ended_row
+                _set_rows(bitmask, rows, ended_row)
                 continue
             filled.append((matcher, rows[0]))
             if len(rows) > 1:
@@ -140,6 +140,13 @@ def fill_bitmask(
     if copies:
         targets, sources = zip(*copies, strict=True)
         bitmask[list(targets)] = bitmask[list(sources)]
+
+
+def _set_rows(bitmask: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
+    if len(rows) == 1:
+        bitmask[rows[0]] = values  # a plain row copy; a list index takes the gather path
+    else:
+        bitmask[rows] = values
 
 
 def _rounds(cursors: Sequence[GrammarCursor]) -> list[list[tuple[MatcherLine, int, list[int]]]]:
