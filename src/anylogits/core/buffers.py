@@ -17,9 +17,13 @@ until the hook is reset or dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+# Without the counter no buffer is ever kept, so this is never called.
+_use_count_at: Callable[[int], int] = _storage_use_count or (lambda storage: -1)
 
 
 class _Buffer:
@@ -68,7 +72,7 @@ class ReusedOutputs:
         for buffer in self._buffers:
             # Whether the caller still holds it first: the cheaper test, and the one
             # that fails when the caller alternates between two buffers.
-            if _storage_use_count(buffer.storage) == buffer.alone and buffer.fits(tensor):
+            if _use_count_at(buffer.storage) == buffer.alone and buffer.fits(tensor):
                 # A new tensor on the buffer's memory: while the caller holds it
                 # (or a view of it), the storage's count says so.
                 return buffer.tensor.detach()

@@ -278,9 +278,7 @@ class SequenceTracker:
         self._last_hashes = hashes
         self._last_nodes = nodes
 
-    def _python_hashes(
-        self, ids: torch.Tensor
-    ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    def _python_hashes(self, ids: torch.Tensor) -> tuple[list[Any], list[Any], list[int]]:
         """The hashes of a few full rows, of each row's parent and the last tokens, in
         Python ints (exact, so equal to the int64 ones): one host read instead of ten
         torch ops, a quarter of a new prompt's first call."""
