@@ -32,6 +32,12 @@ STALLS = {
     "nothing can follow": "start: r\nr: /a+/ r",
     "a rule with a stop string": 'start: a "a"\na[stop=""]: /a+/',
     "a rule with max_tokens": 'start: a "a"\na[max_tokens=3]: /a+/',
+    # Found by `nox -s fuzz` (llguidance 1.7.6; 1.9.1 stalls too): every repetition but
+    # the last is followed by the next one only.
+    "a repeated token (the fuzzer's)": 'start: r0\nr0: "a" /(?:a){1,}/~2\nr1: "a" "a"',
+    "a repeated token, then more": 'start: /a+/~2 "b"',
+    "a repeated token, counted in braces": "start: /a+/{2}",
+    "a repeated rule": "start: r1~2\nr1: /a+/",
 }
 NEAR_MISSES = {
     "another character may follow": 'start: /a*/ "b"',
@@ -44,6 +50,11 @@ NEAR_MISSES = {
     "a bounded count": 'start: /a{2,5}/ "a"',
     "a heading": 'start: /#+/ " " /[a-z]+/',
     "the token alone": "start: /a+/",
+    "a repetition that may stop after one": "start: /a+/~1..3",
+    "a repetition that may stop at none": "start: /a+/~0..2",
+    "a repeated group ending elsewhere": 'start: (/a+/ "b")~2',
+    "a repeated group starting elsewhere": 'start: ("x" /a+/)~3',
+    "a repeated rule ending elsewhere": 'start: r1~2\nr1: /a+/ "b"',
 }
 
 
@@ -89,10 +100,13 @@ def _run(mode: str, grammars: list[str], timeout: float) -> subprocess.Completed
     )
 
 
-def test_without_the_check_llguidance_never_returns_a_mask() -> None:
+@pytest.mark.parametrize(
+    "stall", ["a regex followed by its own character", "a repeated token (the fuzzer's)"]
+)
+def test_without_the_check_llguidance_never_returns_a_mask(stall: str) -> None:
     """The oracle: the shape is a real stall, not a guess (llguidance's forced-byte loop)."""
     with pytest.raises(subprocess.TimeoutExpired):
-        _run("unchecked", [STALLS["a regex followed by its own character"]], timeout=8)
+        _run("unchecked", [STALLS[stall]], timeout=8)
 
 
 def test_near_misses_are_served_promptly() -> None:

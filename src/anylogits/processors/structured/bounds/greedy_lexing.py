@@ -258,6 +258,7 @@ class _Flow:
         self.nullable: dict[str, bool] = {name: False for name in rules}
         self.follow: dict[str, frozenset[str]] = {name: frozenset() for name in rules}
         self.token_follow: dict[int, tuple[Shape, str, set[str]]] = {}
+        self.inner: dict[int, tuple[Node, Node]] = {}
         self.changed: set[str] = set()
         self.visits = 0
 
@@ -344,10 +345,40 @@ class _Flow:
             for part in node[1]:
                 self._walk(part, after)
         else:
-            body, high = node[1], node[3]
+            body, low, high = node[1], node[2], node[3]
             first, _ = self.first_of(body)
             again = first | self.ignored if high is None or high > 1 else frozenset()
             self._walk(body, after | again)
+            if low >= 2:
+                # Every instance but the last is followed by another, and by nothing else:
+                # in `/a+/~2` the first /a+/ can only be followed by "a" (a stall the
+                # fuzzer found), which the union with what follows the last one hides.
+                self._walk(self._inner_instance(body), again)
+
+    def _inner_instance(self, body: Node) -> Node:
+        """A copy of ``body`` whose tokens are recorded apart from ``body``'s own (the
+        same copy at every pass of the fixed point)."""
+        found = self.inner.get(id(body))
+        if found is None:
+            # Rules are inlined: a rule's FOLLOW is the union over its uses, which hides
+            # this use's (`start: r1~2`, `r1: /a+/`). Held with body, so its id stays.
+            found = self.inner[id(body)] = (body, self._fresh(body, frozenset()))
+        return found[1]
+
+    def _fresh(self, node: Node, inlined: frozenset[str]) -> Node:
+        """``node`` rebuilt in new tuples, rule references inlined once per path (a rule
+        inside its own expansion stays a reference)."""
+        self._visit()
+        kind = node[0]
+        if kind == "token":
+            return ("token", node[1], node[2])
+        if kind in ("seq", "alt"):
+            return (kind, [self._fresh(part, inlined) for part in node[1]])
+        if kind == "repeat":
+            return ("repeat", self._fresh(node[1], inlined), node[2], node[3])
+        if kind == "rule" and node[1] in self.rules and node[1] not in inlined:
+            return self._fresh(self.rules[node[1]], inlined | {node[1]})
+        return node
 
 
 def _collapse(elements: frozenset[str], keep: set[str]) -> frozenset[str]:
