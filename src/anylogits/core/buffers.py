@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-# Without the counter no buffer is ever kept, so this is never called.
+# Without the counter no buffer is ever kept (ReusedOutputs.like), so this is never called.
 _use_count_at: Callable[[int], int] = _storage_use_count or (lambda storage: -1)
 
 
@@ -34,14 +34,13 @@ class _Buffer:
     __slots__ = ("alone", "dtype", "inference", "shape", "storage", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        assert _storage_use_count is not None
         self.tensor = tensor
         self.shape = tensor.shape
         self.dtype = tensor.dtype
         self.inference = tensor.is_inference()
         self.storage = tensor.untyped_storage()._cdata
         # The storage's reference count when only we hold it.
-        self.alone = _storage_use_count(self.storage)
+        self.alone = _use_count_at(self.storage)
 
     def fits(self, tensor: torch.Tensor) -> bool:
         # An inference tensor (made under torch.inference_mode, as transformers'

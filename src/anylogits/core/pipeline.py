@@ -135,7 +135,6 @@ class Pipeline:
             if needs_tracking
             else None
         )
-        self._checked_widths: set[int] = set()
         self._checked_layouts: set[tuple[torch.dtype, torch.Size]] = set()
 
     def reset(self) -> None:
@@ -163,8 +162,7 @@ class Pipeline:
                 processor writes its result to ``out`` (see
                 :meth:`~anylogits.core.fast_paths.FastPaths.process_into`).
         """
-        if (logits.dtype, logits.shape[1:]) not in self._checked_layouts:
-            self.check_logits(logits)
+        self.check_logits(logits)
         result = self._run(logits, self._batch(logits, token_ids, lengths), out, compact=False)
         return result  # type: ignore[return-value]  # compact=False: never Candidates
 
@@ -268,6 +266,9 @@ class Pipeline:
 
     def check_logits(self, logits: torch.Tensor) -> None:
         """Raise ``ValueError`` unless ``logits`` are ``(B, V)`` floats this vocabulary fits."""
+        layout = (logits.dtype, logits.shape[1:])
+        if layout in self._checked_layouts:  # checked once per layout: per-token work
+            return
         if logits.ndim != 2:
             raise ValueError(f"logits must be (batch, vocab), got shape {tuple(logits.shape)}")
         if logits.dtype not in _FLOAT_DTYPES:
@@ -275,10 +276,6 @@ class Pipeline:
                 f"logits dtype {logits.dtype} is not supported; use float32, float16, "
                 "bfloat16 or float64"
             )
-        width = logits.shape[1]
-        if width not in self._checked_widths:
-            if self.vocab is not None:
-                self.vocab.check_logits_width(width)
-            self._checked_widths.add(width)
-        # Checked once per layout: this is per-token work.
-        self._checked_layouts.add((logits.dtype, logits.shape[1:]))
+        if self.vocab is not None:
+            self.vocab.check_logits_width(logits.shape[1])
+        self._checked_layouts.add(layout)

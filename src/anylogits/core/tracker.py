@@ -64,9 +64,10 @@ def child_node(
     return SequenceNode(parent.length + 1, parent.prompt_length, states)
 
 
-def _outside_token_range(ids: torch.Tensor) -> bool:
-    low, high = torch.aminmax(ids)
-    return bool(high >= _MAX_TOKEN_ID or low < 0)
+def _check_token_range(low: int, high: int) -> None:
+    """Raise unless the smallest and largest ids of a call can be hashed exactly."""
+    if low < 0 or high >= _MAX_TOKEN_ID:
+        raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
 
 
 class _HashWeights:
@@ -190,8 +191,9 @@ class SequenceTracker:
         if lengths is None and batch * width <= _HASHED_IN_PYTHON:
             full_keys, parent_keys, last_tokens = self._python_hashes(ids)
         else:
-            if batch and _outside_token_range(ids):
-                raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+            if batch:
+                low, high = torch.aminmax(ids)
+                _check_token_range(int(low), int(high))
             # Two independent hashes, each one exact int64 dot product per row.
             full = torch.stack([(ids * row_weights[0]).sum(1), (ids * row_weights[1]).sum(1)], 1)
             last = ids[:, -1]
@@ -240,8 +242,7 @@ class SequenceTracker:
         ):
             return None
         last = ids.select(1, -1).tolist()
-        if max(last) >= _MAX_TOKEN_ID or min(last) < 0:
-            raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+        _check_token_range(min(last), max(last))
         columns = self._weights.columns
         if width > len(columns):
             self._position_weights(width)
@@ -287,8 +288,7 @@ class SequenceTracker:
         last_first, last_second = columns[len(rows[0]) - 1] if rows else (0, 0)
         full, parent, last = [], [], []
         for row in rows:
-            if min(row) < 0 or max(row) >= _MAX_TOKEN_ID:
-                raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}) to be tracked")
+            _check_token_range(min(row), max(row))
             first = second = 0
             # At least as many columns as the row has tokens: zip stops at the row.
             for token_id, (first_weight, second_weight) in zip(row, columns, strict=False):
@@ -344,10 +344,7 @@ class SequenceTracker:
 
     def _expire(self) -> None:
         horizon = self._clock - self.max_idle_calls
-        touched = self._touched
-        if touched[0][0] > horizon:  # the usual call: nothing to expire
-            return
-        while touched and touched[0][0] <= horizon:
+        while self._touched and self._touched[0][0] <= horizon:
             _, keys = self._touched.popleft()
             for key in keys:
                 node = self._nodes.get(key)
