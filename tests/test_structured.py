@@ -89,6 +89,14 @@ def test_bitmask_apply_equals_bit_by_bit(
     assert _bitmask.apply_bitmask(logits, bitmask, out=out) is out
     assert torch.equal(out, expected)
     assert torch.equal(logits, original)
+    # A kept bitmask, refilled between calls: its kept index follows the new contents.
+    reused = _bitmask.ReusedBitmask(batch, words)
+    reused.tensor.copy_(~bitmask)
+    _bitmask.apply_bitmask(logits, reused, out=out)
+    reused.tensor.copy_(bitmask)
+    assert _bitmask.apply_bitmask(logits, reused, out=out) is out
+    assert torch.equal(out, expected)
+    assert torch.equal(_bitmask.apply_bitmask(logits.clone(), reused), expected)
 
 
 @pytest.mark.parametrize("padding", [0, 40])

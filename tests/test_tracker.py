@@ -249,3 +249,30 @@ def test_a_prefix_hashed_in_python_is_found_by_a_batch_hashed_in_torch(
     nodes = tracker.locate(rows)
     assert nodes[57].states[0] == generated_hash([4])
     assert probe.init_calls == 100  # [1, 2, 3] and 99 new prompts, not [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("batch", "changed_row"), [(1, 0), (3, 0), (3, 1), (3, 2)])
+def test_a_call_that_changes_an_earlier_token_of_one_row_is_not_an_extension(
+    probe: GeneratedHashBias, batch: int, changed_row: int
+) -> None:
+    tracker = SequenceTracker([probe])
+    ids = torch.randint(0, 1000, (batch, 6))
+    tracker.locate(ids)
+    extended = torch.cat([ids, torch.arange(batch)[:, None]], 1)
+    extended[changed_row, 2] += 1
+    nodes = tracker.locate(extended)
+    # The changed row is a new prompt; the others extend their sequence by one token.
+    assert [node.prompt_length for node in nodes] == [
+        7 if row == changed_row else 6 for row in range(batch)
+    ]
+    assert probe.init_calls == batch + 1 and probe.advance_calls == batch - 1
+
+
+def test_a_strided_history_extends_like_a_contiguous_one(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe])
+    storage = torch.randint(0, 1000, (2, 40))
+    tracker.locate(storage[:, 0:10:2])  # every other column: not contiguous
+    node = tracker.locate(storage[:, 0:12:2])[1]
+    assert (node.length, node.prompt_length) == (6, 5)
+    assert node.states[0] == generated_hash([int(storage[1, 10])])
+    assert probe.init_calls == 2 and probe.advance_calls == 2

@@ -31,12 +31,13 @@ class _Buffer:
     per-token work (reading a storage's count through ``untyped_storage()`` builds a
     Python object each time; its address is stable while we hold the buffer)."""
 
-    __slots__ = ("alone", "dtype", "inference", "shape", "storage", "tensor")
+    __slots__ = ("alone", "device", "dtype", "inference", "shape", "storage", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
         self.shape = tensor.shape
         self.dtype = tensor.dtype
+        self.device = tensor.device
         self.inference = tensor.is_inference()
         self.storage = tensor.untyped_storage()._cdata
         # The storage's reference count when only we hold it.
@@ -48,7 +49,7 @@ class _Buffer:
         return (
             self.shape == tensor.shape
             and self.dtype is tensor.dtype
-            and self.tensor.device == tensor.device
+            and self.device == tensor.device
             and (not self.inference or torch.is_inference_mode_enabled())
         )
 

@@ -36,7 +36,7 @@ from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.bounds.counts import check_lark, check_regex, check_schema
 from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_lexing
 from anylogits.processors.structured.engine import ENGINE, load_llguidance
-from anylogits.processors.structured.mask import apply_bitmask, pack_ids
+from anylogits.processors.structured.mask import ReusedBitmask, apply_bitmask, pack_ids
 from anylogits.processors.structured.state import GrammarCursor, fill_bitmask
 
 
@@ -72,12 +72,12 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
-        self._bitmask = torch.empty(0, 0, dtype=torch.int32)
+        self._bitmask = ReusedBitmask(0, 0)
         if vocab is not None:
             with self._compile_errors():  # compiled now: errors before generation
                 ENGINE.compile(self.grammar, vocab)
             words = (ENGINE.vocab_size(vocab) + 31) // 32
-            self._bitmask = torch.empty(0, words, dtype=torch.int32)
+            self._bitmask = ReusedBitmask(0, words)
             self._ended_row = _ended_row(vocab.eos_token_ids, words)
 
     def _vocab(self) -> Vocabulary:
@@ -103,16 +103,20 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         # copied there and masked in place (apply_bitmask says why).
         return apply_bitmask(logits, self._filled_bitmask(batch), out=out)
 
-    def _filled_bitmask(self, batch: Batch) -> torch.Tensor:
+    def _filled_bitmask(self, batch: Batch) -> torch.Tensor | ReusedBitmask:
         """The packed allowed tokens of every row of ``batch``."""
         cursors = batch.states(self)
-        bitmask = self._bitmask
-        if bitmask.shape[0] != len(cursors):
-            self._vocab()  # unbound, the bitmask has no rows: say what is missing
-            if self._bitmask.shape[0] < len(cursors):
-                # Reused across calls: every row is written by each fill.
-                self._bitmask = torch.empty(len(cursors), bitmask.shape[1], dtype=torch.int32)
-            bitmask = self._bitmask[: len(cursors)]
+        reused = self._bitmask
+        rows, words = reused.tensor.shape
+        if rows == len(cursors):
+            # Reused across calls: every row is written by each fill.
+            fill_bitmask(ENGINE, cursors, reused.tensor, self._ended_row)
+            return reused
+        self._vocab()  # unbound, the bitmask has no rows: say what is missing
+        if rows < len(cursors):
+            self._bitmask = ReusedBitmask(len(cursors), words)
+            return self._filled_bitmask(batch)
+        bitmask = reused.tensor[: len(cursors)]
         fill_bitmask(ENGINE, cursors, bitmask, self._ended_row)
         return bitmask
 
