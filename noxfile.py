@@ -111,8 +111,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy on src/anylogits ([tool.mypy] in pyproject.toml); backend libraries are not
-    installed, so their types are Any."""
+    """mypy on src/anylogits (~1 min).
+
+    [tool.mypy] in pyproject.toml; backend libraries are not installed, so their types
+    are Any."""
     session.install(
         *CONSTRAINTS,
         "-e",
@@ -124,12 +126,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core and processor unit tests and doctests: no backend installed (torch, and
-    llguidance for the structured processors). Measures the coverage of anylogits.core
-    and anylogits.processors ([tool.coverage] in pyproject.toml sets the floor)."""
+    """Unit tests and doctests, no backend installed (~2 min on 2 cores).
+
+    torch, and llguidance for the structured processors. Measures the coverage of
+    anylogits.core and anylogits.processors ([tool.coverage] in pyproject.toml sets the
+    floor)."""
     session.install(*CONSTRAINTS, "-e", ".[structured]", *TEST_DEPS)
     session.run(
         "pytest",
+        *workers(),
         "--cov",
         "--cov-report=term-missing:skip-covered",
         "tests",
@@ -149,6 +154,16 @@ BACKEND_NAMES = {
     "mlx": ("mlx",),
     "vllm": ("vllm",),
 }
+
+
+def workers() -> list[str]:
+    """pytest-xdist's options for a session whose tests may run side by side: one worker
+    per core, at most 4 (the tests session took 5 min alone and 3 min with 2 workers on
+    2 cores). A module's tests stay on one worker (``loadscope``), so a model or engine a
+    module starts is started once. vLLM's session runs alone: each of its engines already
+    keeps both cores busy (and its tensor-parallel tests bind a worker to each)."""
+    count = min(os.cpu_count() or 1, 4)
+    return ["-n", str(count), "--dist", "loadscope"] if count > 1 else []
 
 
 def unit_tests(backend: str) -> list[str]:
@@ -172,8 +187,11 @@ def unit_tests(backend: str) -> list[str]:
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def conformance(session: nox.Session, backend: str) -> None:
-    """The conformance suite on one backend, slow generation-level tests included, plus
-    the unit tests that need the backend's libraries (tiny model, HF vocabularies)."""
+    """The conformance suite on one backend (5-15 min each on 2 cores).
+
+    Slow generation-level tests included, plus the unit tests that need the backend's
+    libraries (tiny model, HF vocabularies). llama.cpp's first run builds its wheel
+    (~12 min, cached after)."""
     spec = BACKENDS[backend]
     prebuilt = [llama_cpp_wheel(session)] if backend == "llama_cpp" else []
     peers = nox.project.dependency_groups(PYPROJECT, *spec.get("groups", ()))
@@ -196,6 +214,7 @@ def conformance(session: nox.Session, backend: str) -> None:
         stale.unlink()
     session.run(
         "pytest",
+        *([] if backend == "vllm" else workers()),
         *unit_tests(backend),
         "conformance_tests",
         *(f"{path}/tests" for path in examples),
@@ -213,7 +232,8 @@ def conformance(session: nox.Session, backend: str) -> None:
 
 @nox.session
 def gpu(session: nox.Session) -> None:
-    """The GPU session (not run by default; docs/accelerators.md): on a CUDA machine,
+    """The GPU checks on a CUDA machine (not run by default; docs/accelerators.md).
+
     tools/gpu_check.py runs tests/test_cuda.py (the catalogue on cuda under
     torch.cuda.set_sync_debug_mode("error"), equal to the CPU; transformers' generate on
     cuda against its own processors), the demo on cuda, vLLM's levels when installed and
@@ -233,8 +253,9 @@ FUZZ_LLGUIDANCE = {"vllm_pin": "llguidance>=1.7,<1.8", "newest": "llguidance"}
 @nox.session
 @nox.parametrize("llguidance", list(FUZZ_LLGUIDANCE))
 def fuzz(session: nox.Session, llguidance: str) -> None:
-    """The structured-spec fuzzer for minutes, with fresh examples each run
-    (conformance_tests/test_structured_fuzz.py; CI replays a fixed 40 per kind).
+    """The structured-spec fuzzer, fresh examples each run (~3 min per llguidance).
+
+    conformance_tests/test_structured_fuzz.py; CI replays a fixed 40 per kind.
     ``nox -s fuzz -- N`` sets the examples per kind (default 2000)."""
     session.install(
         *CONSTRAINTS, "-e", ".[transformers,structured]", FUZZ_LLGUIDANCE[llguidance], *TEST_DEPS
@@ -254,8 +275,9 @@ def fuzz(session: nox.Session, llguidance: str) -> None:
 
 @nox.session
 def matrix(session: nox.Session) -> None:
-    """The processor x backend support matrix, from the conformance sessions' records:
-    the docs page, and the JSON the package ships for `anylogits list`."""
+    """The processor x backend support matrix, from the conformance sessions' records.
+
+    The docs page, and the JSON the package ships for `anylogits list`."""
     session.install(*CONSTRAINTS, "-e", ".", "pytest")
     session.run(
         "python",
@@ -270,8 +292,10 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """The documentation site (mkdocs.yml) into site/, any warning an error. The catalogue
-    page and the benchmark plots are generated while it builds (docs/hooks/)."""
+    """The documentation site (mkdocs.yml) into site/, any warning an error.
+
+    The catalogue page and the benchmark plots are generated while it builds
+    (docs/hooks/)."""
     session.install(*CONSTRAINTS, "-e", ".", *nox.project.dependency_groups(PYPROJECT, "docs"))
     session.run(
         "mkdocs",
@@ -286,9 +310,11 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build the sdist and, from it, the wheel; check them (twine, tools/check_dist.py);
-    install the wheel with the transformers extra into a fresh virtualenv outside the
-    checkout and run the command line from there."""
+    """Build the sdist and the wheel, check them and run the installed command line.
+
+    The wheel is built from the sdist and checked (twine, tools/check_dist.py), then
+    installed with the transformers extra into a fresh virtualenv outside the checkout,
+    where the command line runs."""
     session.install("build", "twine")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import Any
 
 import pytest
 
 pytest.importorskip("mlx_lm")
 
+import openai
+
 from conformance_tests.server_suite import *  # noqa: F403  (the suite's tests)
+from conformance_tests.server_suite import complete
+from conformance_tests.servers import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
 
@@ -33,3 +38,17 @@ def test_what_the_wiring_relies_on_is_there() -> None:
     assert "run" in inspect.getsource(server.main), "mlx_lm.server.main calls run no more"
     source = inspect.getsource(server.ResponseGenerator)
     assert source.count("_make_logits_processors(args)") == 2, "a request path changed"
+
+
+def test_a_list_prompt_is_a_400_and_the_server_serves_on(
+    client: Any,
+    server: Server,
+    plain: list[int],
+) -> None:
+    # mlx-lm tokenizes the prompt in its generation thread: a list killed it, and every
+    # later request got 404 "generation thread died".
+    with pytest.raises(openai.BadRequestError, match="prompt must be a string"):
+        client.completions.create(
+            model=client.served_model, prompt=["Once upon a time"], max_tokens=4
+        )
+    assert complete(client, server)[1] == plain

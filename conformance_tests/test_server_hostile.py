@@ -276,3 +276,7 @@ def test_server_still_serves_and_its_log_is_clean(
     log = server.log_path.read_text(errors="replace")
     for fatal in ("EngineDeadError", "Traceback", "EngineCore encountered a fatal error"):
         assert fatal not in log, server.log_tail()
+    # Every refusal says why in the log, in one bounded line (the specs were up to 5 MB).
+    refusals = [line for line in log.splitlines() if "anylogits: refused" in line]
+    assert len(refusals) >= len(MALFORMED), server.log_tail()
+    assert max(map(len, refusals)) < 1000, max(refusals, key=len)

@@ -84,7 +84,10 @@ def test_stdin_with_a_bad_payload_exits_1_with_the_server_s_message(
     assert result.returncode == 1, result
     assert result.stdout == ""
     header, *message = result.stderr.splitlines()
-    assert header == "stdin: the vLLM server refuses it with HTTP 400:"
+    assert header == (
+        "stdin: every anylogits server (vLLM's, llama-cpp-python's, mlx-lm's) refuses it "
+        "with HTTP 400:"
+    )
     assert "\n".join(message) == fresh_server_messages[case]
     assert expected in result.stderr
 

@@ -160,3 +160,21 @@ def test_every_oracle_file_is_named_after_a_processor_module() -> None:
     for path in oracles:
         module = path.stem.removeprefix("test_oracles_")
         assert (processors / f"{module}.py").is_file(), f"{path.name} names no processor module"
+
+
+def test_every_nox_session_lists_with_a_whole_sentence() -> None:
+    # `nox -l` shows a session's first docstring line: it must say what the session
+    # does by itself, not stop mid-sentence.
+    import ast
+
+    tree = ast.parse((Path(__file__).parents[1] / "noxfile.py").read_text())
+    sessions = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any("session" in ast.unparse(decorator) for decorator in node.decorator_list)
+    ]
+    assert len(sessions) >= 8
+    for session in sessions:
+        first = (ast.get_docstring(session) or "").split("\n", 1)[0]
+        assert first.endswith(".") and len(first) <= 100, (session.name, first)

@@ -342,3 +342,48 @@ def test_an_anylogits_plugins_module_that_fails_is_a_value_error_naming_it(
         f"import: {expected}"
     )
     assert errors == [message, message, f"request[0]: {message}"]
+
+
+def test_anylogits_plugins_modules_are_found_in_the_working_directory(tmp_path: Path) -> None:
+    # -P: the interpreter does not put the current directory on its path, as a console
+    # script (anylogits serve, vllm serve) does not; the module is found there anyway.
+    (tmp_path / "operator_processors.py").write_text(OPERATOR_MODULE)
+    path = [entry for entry in sys.path if entry and Path(entry).is_dir()]
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path),
+        "ANYLOGITS_PLUGINS": "operator_processors",
+    }
+    program = (
+        "import os, sys\n"
+        "assert os.getcwd() not in sys.path and '' not in sys.path, sys.path\n"
+        "import anylogits\n"
+        "anylogits.load_plugins()\n"
+        "print(anylogits.from_spec({'type': 'operator_bias', 'bias': 1.0}).to_spec())\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-P", "-c", program],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "{'type': 'operator_bias', 'bias': 1.0}" in completed.stdout
+
+
+def test_a_type_of_in_process_objects_is_not_offered_where_specs_are_written() -> None:
+    # transformers_object specs name an object of the process that made them: no server
+    # accepts them, so neither the unknown-type message nor anylogits list offers them.
+    from anylogits.adapters.from_transformers import SPEC_NAME
+    from anylogits.cli.listing import catalogue_entries
+    from anylogits.core.registry import offered, processor_type
+
+    assert not offered(SPEC_NAME) and offered("top_k")
+    with pytest.raises(ValueError, match="known processor types: ") as raised:
+        processor_type("no_such_type")
+    assert "top_k" in str(raised.value) and SPEC_NAME not in str(raised.value)
+    listed = {entry["spec_name"] for entry in catalogue_entries()}
+    assert "top_k" in listed and SPEC_NAME not in listed
+    assert processor_type(SPEC_NAME).__name__ == "TransformersProcessor"  # still runs here

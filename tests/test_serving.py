@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from anylogits.serving import (
     RequestPipeline,
     admit,
     error_body,
+    log_refusal,
     request_specs,
     with_token_ids,
 )
@@ -117,6 +120,22 @@ def test_token_ids_go_where_vllms_server_puts_them() -> None:
     assert with_token_ids({"choices": []}, None, [3]) == {"choices": []}
 
 
+def test_a_refusal_is_logged_in_one_bounded_line(caplog: pytest.LogCaptureFixture) -> None:
+    huge = json.dumps([{"type": "bad_words", "words": ["x" * 100_000]}])
+    message = "extra_args['anylogits'][0].words: too long\nsecond line"
+    with caplog.at_level(logging.WARNING, logger="anylogits.serving"):
+        log_refusal("POST /v1/completions", message, {"vllm_xargs": {"anylogits": huge}})
+        log_refusal("a request", message, {"vllm_xargs": {"anylogits": [{"type": "x"}]}})
+    first, second = (record.getMessage() for record in caplog.records)
+    assert first.startswith(
+        "anylogits: refused POST /v1/completions with HTTP 400: "
+        'extra_args[\'anylogits\'][0].words: too long; specs: [{"type": "bad_words"'
+    )
+    assert "second line" not in first and "\n" not in first
+    assert first.endswith(f"... ({len(huge)} chars)") and len(first) < 400
+    assert second.endswith('specs: [{"type": "x"}]')
+
+
 def test_serve_vllm_is_vllms_server_with_the_processor_class() -> None:
     command = vllm_command(["--model", "m"])
     assert command[1:] == [
@@ -133,15 +152,81 @@ def test_serve_vllm_is_vllms_server_with_the_processor_class() -> None:
 
 @pytest.mark.parametrize("argv", [[], ["nonsense"]])
 def test_serve_names_the_engines_it_knows(argv: list[str]) -> None:
-    result = subprocess.run(
+    result = anylogits_serve(*argv)
+    assert result.returncode == 2, result
+    assert "the engine is one of llama-cpp, mlx, vllm" in result.stderr, result.stderr
+
+
+def anylogits_serve(
+    *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "anylogits", "serve", *argv],
         capture_output=True,
         text=True,
         check=False,
         timeout=120,
+        cwd=cwd,
+        env=env,
     )
-    assert result.returncode == 2, result
-    assert "the engine is one of llama-cpp, mlx, vllm" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("engine", ["llama-cpp", "mlx", "vllm"])
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "ANYLOGITS_PLUGINS",
+            "broken_processors",
+            "anylogits plugin module 'broken_processors' (from ANYLOGITS_PLUGINS) failed to "
+            "import: RuntimeError: boom",
+        ),
+        ("ANYLOGITS_LIMITS", "{nope", "ANYLOGITS_LIMITS is not a JSON object"),
+    ],
+)
+def test_a_broken_plugin_or_limit_stops_every_server_at_start(
+    tmp_path: Path, engine: str, variable: str, value: str, said: str
+) -> None:
+    # In the working directory, as a user writes one next to the command.
+    (tmp_path / "broken_processors.py").write_text("raise RuntimeError('boom')\n")
+    path = [entry for entry in sys.path if entry and Path(entry).is_dir()]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path), variable: value}
+    result = anylogits_serve(engine, "--model", "m", cwd=tmp_path, env=environment)
+    assert result.returncode == 1, result
+    assert result.stderr.startswith(f"anylogits serve {engine}: {said}"), result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_serve_help_says_what_anylogits_adds_to_every_engine(flag: str) -> None:
+    result = anylogits_serve(flag)
+    assert result.returncode == 0, result
+    for said in (
+        "usage: anylogits serve ENGINE",
+        "llama-cpp-python's server",
+        "mlx-lm's server",
+        "vLLM's server",
+        '"vllm_xargs": {"anylogits":',
+        "ANYLOGITS_LIMITS",
+        "ANYLOGITS_PLUGINS",
+        "ANYLOGITS_LOG_LEVEL",
+        "docs/serving.md",
+        "anylogits check-spec",
+    ):
+        assert said in result.stdout, (said, result.stdout)
+
+
+def test_serve_engine_help_prints_ours_then_the_engines_own() -> None:
+    result = anylogits_serve("llama-cpp", "--model", "x.gguf", "--help")
+    assert result.stdout.startswith("usage: anylogits serve llama-cpp"), result
+    assert "ANYLOGITS_PLUGINS" in result.stdout and "mlx-lm's server" not in result.stdout
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError:  # the engine's part: how to install it
+        assert result.returncode == 1 and "install it with" in result.stderr, result
+        return
+    assert result.returncode == 0, result
+    ours, engines = result.stdout.split("own options follow.", 1)
+    assert "--n_ctx" in engines and "--n_ctx" not in ours
 
 
 def test_the_specs_a_client_builds_are_the_specs_a_server_admits() -> None:

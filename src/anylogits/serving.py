@@ -152,6 +152,32 @@ def admit(body: Any, vocabulary: Vocabulary, *, request: str) -> Admitted:
     return Admitted(pipeline, wants_ids)
 
 
+# How much of a refused request's specs and message a log line quotes: a client's spec
+# may be megabytes, and a log must not become its copy.
+LOGGED_CHARS = 200
+
+
+def excerpt(text: str, limit: int = LOGGED_CHARS) -> str:
+    """``text``'s first line, at most ``limit`` characters of it (marked when cut)."""
+    line = text.split("\n", 1)[0]
+    return line if len(line) <= limit else f"{line[:limit]}... ({len(line)} chars)"
+
+
+def log_refusal(route: str, message: str, body: Any) -> None:
+    """One WARNING line for a request a server refuses with HTTP 400: ``route``, the
+    first line of ``message`` and an excerpt of the request's specs."""
+    specs = body.get(REQUEST_FIELD) if isinstance(body, dict) else None
+    if isinstance(specs, dict):
+        specs = specs.get(SPEC_KEY)
+    quoted = specs if isinstance(specs, str) else json.dumps(specs)
+    logger.warning(
+        "anylogits: refused %s with HTTP 400: %s; specs: %s",
+        route,
+        excerpt(message),
+        excerpt(quoted),
+    )
+
+
 def error_body(message: str) -> bytes:
     """The JSON body of an HTTP 400 with ``message``, as vLLM's server writes it."""
     error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}

@@ -27,6 +27,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.processor import LogitsProcessor
+from anylogits.core.registry import in_process_only
 from anylogits.core.transfer import to_device
 
 SPEC_NAME = "transformers_object"
@@ -43,6 +44,7 @@ NOT_HERE = (
 )
 
 
+@in_process_only
 class TransformersProcessor(LogitsProcessor):
     """A ``transformers.LogitsProcessor`` (any ``scores = f(input_ids, scores)``) run as an
     anylogits processor.

@@ -50,6 +50,7 @@ from anylogits.core.logs import configure_logging
 from anylogits.core.registry import load_plugins
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
+from anylogits.serving import REQUEST_FIELD, log_refusal
 
 try:  # the V2 runner's interface (vLLM >= 0.32)
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcRequestState
@@ -125,7 +126,12 @@ def _validate(sampling_params: SamplingParams) -> None:
         from anylogits.processors.structured.guard import GUARD
 
         GUARD.warm_in_background()
-    validate_request(sampling_params.extra_args, engine_in_this_process=_ENGINES_HERE > 0)
+    try:
+        validate_request(sampling_params.extra_args, engine_in_this_process=_ENGINES_HERE > 0)
+    except ValueError as error:
+        # vLLM's access log shows the 400 only; the route is not known here.
+        log_refusal("a request", str(error), {REQUEST_FIELD: sampling_params.extra_args})
+        raise
 
 
 class AnyLogitsV1Runner(V1LogitsProcessor):

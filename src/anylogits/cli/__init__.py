@@ -1,4 +1,5 @@
-"""The anylogits command: demo (the main job), serve, list, check-spec and tiny-model."""
+"""The anylogits command: demo (the main job), serve, list, check-spec, cache and
+tiny-model."""
 
 from __future__ import annotations
 
@@ -34,12 +35,15 @@ def _add_check_spec(commands: argparse._SubParsersAction) -> None:
 
     check = commands.add_parser(
         "check-spec",
-        help="check a request's processor specs as a vLLM server does (same messages)",
-        description="Check processor specs as a vLLM server's frontend checks a request "
-        "(same code, same messages): FILE (or - for stdin) holds the specs' JSON (a list "
-        "of specs or one spec), or a JSON object with them under vllm_xargs or extra_args. "
-        f"Exit 0: admitted (prints what it builds); 1: refused (prints the server's HTTP "
-        f"400 message). Run it with the server's {LIMITS_VARIABLE} and {PLUGINS_VARIABLE}.",
+        help="check a request's processor specs as every anylogits server does (same messages)",
+        description=(
+            "Check processor specs as every anylogits server (vLLM's, llama-cpp-python's, "
+            "mlx-lm's) checks a request (same code, same messages): FILE (or - for stdin) "
+            "holds the specs' JSON (a list of specs or one spec), or a JSON object with "
+            "them under vllm_xargs or extra_args. Exit 0: admitted (prints what it "
+            "builds); 1: refused (prints the server's HTTP 400 message). Run it with the "
+            f"server's {LIMITS_VARIABLE} and {PLUGINS_VARIABLE}."
+        ),
     )
     check.add_argument("file", metavar="FILE", help="a JSON file, or - to read stdin")
 
@@ -112,6 +116,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_serve(commands)
     _add_list(commands)
     _add_check_spec(commands)
+    cache = commands.add_parser(
+        "cache",
+        help="what anylogits keeps on disk (models, vocabularies, wheels), paths and sizes; "
+        "--remove deletes it",
+        description="List what anylogits keeps in its cache folder (the demo's real model "
+        "and its forms, tiny models, vocabulary files, schemas, built wheels) with paths and "
+        "sizes, or delete parts of it; each is fetched or built again when next needed.",
+    )
+    cache.add_argument(
+        "--remove",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="the parts to delete, named as listed (e.g. models/smollm2-135m-instruct-v1), or all",
+    )
     args, rest = parser.parse_known_args(argv)
     if args.command == "tiny-model":
         from anylogits.testing.tiny_model import main as tiny_model_main
@@ -127,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from anylogits.cli.listing import run_list
 
         return run_list(backend=args.backend, as_json=args.json)
+    if args.command == "cache":
+        from anylogits.cli.cache import run_cache
+
+        return run_cache(args.remove)
     if args.command == "check-spec":
         from anylogits.cli.check_spec import run_check_spec
 

@@ -1,6 +1,7 @@
-"""``anylogits check-spec``: check a request's processor specs as a vLLM server's
-frontend checks them (:func:`~anylogits.adapters.vllm_requests.validate_request`, the
-function its ``validate_params`` calls), without vLLM or a model.
+"""``anylogits check-spec``: check a request's processor specs as every anylogits server
+checks them (:func:`~anylogits.adapters.vllm_requests.validate_request`, which vLLM's
+``validate_params`` and the llama-cpp-python and mlx-lm servers' admission call),
+without an engine or a model.
 
 The input is what a client sends: the specs' JSON (a list of specs or one spec, the
 string ``vllm_xargs["anylogits"]`` carries), or a JSON object holding them under
@@ -22,6 +23,8 @@ from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 
 ENVELOPES = ("vllm_xargs", "extra_args")
+# Who checks specs with this code: every server anylogits serve starts.
+SERVERS = "every anylogits server (vLLM's, llama-cpp-python's, mlx-lm's)"
 LINE_WIDTH = 100
 VOCABULARY_CHECKS = (
     "checked against the model's vocabulary only when the engine adds the request "
@@ -109,8 +112,7 @@ def check_request(text: str) -> SpecCheck:
         )
     processors = [from_spec(spec) for spec in specs]
     lines = [
-        f"admitted: {len(processors)} processor(s), as the vLLM server's frontend checks "
-        f"them (from {source})",
+        f"admitted: {len(processors)} processor(s), as {SERVERS} checks them (from {source})",
         *(_line(index, processor) for index, processor in enumerate(processors)),
     ]
     if any(line.endswith(" *") for line in lines):
@@ -142,7 +144,7 @@ def run_check_spec(path: str) -> int:
         print(verdict.text)
         return 0
     if verdict.from_server:
-        print(f"{name}: the vLLM server refuses it with HTTP 400:", file=sys.stderr)
+        print(f"{name}: {SERVERS} refuses it with HTTP 400:", file=sys.stderr)
     else:
         print(f"{name}: refused by check-spec (before the server's own checks):", file=sys.stderr)
     print(verdict.text, file=sys.stderr)

@@ -57,6 +57,8 @@ def catalogue_entries(backend: str | None = None) -> list[dict[str, Any]]:
     wanted = backends if backend is None else [backend]
     entries = []
     for spec_name, cls in sorted(registered_processors().items()):
+        if not registry.offered(spec_name):
+            continue  # its specs name an object of one process: never written by hand
         row = matrix["processors"].get(spec_name)
         support = (
             {

@@ -5,14 +5,74 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from anylogits.cli.demo.selection import install_command
+from anylogits.core.limits import ENVIRONMENT_VARIABLE as LIMITS_VARIABLE
+from anylogits.core.limits import limits
 from anylogits.core.logs import ENVIRONMENT_VARIABLE as LOG_LEVEL_VARIABLE
 from anylogits.core.logs import configure_logging
+from anylogits.core.registry import PLUGINS_VARIABLE, load_plugins
 from anylogits.serving import ENGINES
 
 VLLM_PROCESSOR_CLASS = "anylogits.adapters.vllm:AnyLogits"
+HELP_FLAGS = ("-h", "--help")
+# What each engine's server is, and the option naming its model.
+SERVERS = {
+    "llama-cpp": ("llama-cpp-python's server", "--model model.gguf"),
+    "mlx": ("mlx-lm's server", "--model model-folder"),
+    "vllm": ("vLLM's server, --logits-processors set", "--model model-folder"),
+}
+# What anylogits reads from a server's environment, and what for.
+SERVER_ENVIRONMENT = {
+    LIMITS_VARIABLE: "what one request may cost: a JSON object of the limits to change, "
+    "e.g. '{\"grammar_chars\": 200000}' (docs/limits.md)",
+    PLUGINS_VARIABLE: "comma-separated modules defining your own processor types, imported "
+    "at start (docs/backends/vllm.md, Plugins)",
+    LOG_LEVEL_VARIABLE: "anylogits' log lines beside the engine's (INFO under serve)",
+}
+
+
+def help_text(engine: str | None = None) -> str:
+    """What anylogits adds to ``engine``'s server (to every engine's when ``None``): the
+    request field with an example, the environment it reads, where the docs are."""
+    engines = [engine] if engine is not None else list(ENGINES)
+    width = max(map(len, engines))
+    servers = "\n".join(
+        f"  {name:<{width}}  {SERVERS[name][0]}: anylogits serve {name} {SERVERS[name][1]}"
+        for name in engines
+    )
+    then = (
+        f"\n{SERVERS[engine][0]}'s own options follow.\n"
+        if engine is not None
+        else "\nanylogits serve ENGINE --help: the engine's own options.\n"
+    )
+    width = max(map(len, SERVER_ENVIRONMENT))
+    environment = "\n".join(
+        textwrap.fill(
+            text, 80, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4)
+        )
+        for name, text in SERVER_ENVIRONMENT.items()
+    )
+    return f"""usage: anylogits serve {engine or "ENGINE"} [the engine's server options]
+
+Starts the engine's own OpenAI-compatible server (every option after ENGINE is
+that server's own) taking per-request anylogits processors:
+{servers}
+
+A request names its processors in vLLM's field, the same on every engine:
+  client.completions.create(model=..., prompt="Once upon a time", extra_body={{
+      "vllm_xargs": {{"anylogits": '[{{"type": "repetition_penalty", "penalty": 1.3}}]'}}}})
+(in Python: extra_body={{"vllm_xargs": anylogits.vllm_xargs(RepetitionPenalty(1.3))}}).
+A spec the server refuses gets HTTP 400 saying why; anylogits check-spec FILE
+checks one beforehand. anylogits list: the processor types and their parameters.
+
+Environment:
+{environment}
+
+Docs: docs/serving.md (one request, any server) and docs/backends/.
+{then}"""
 
 
 def vllm_command(argv: Sequence[str]) -> list[str]:
@@ -29,6 +89,9 @@ def vllm_command(argv: Sequence[str]) -> list[str]:
 
 def serve(argv: Sequence[str]) -> int:
     """Start the server ``argv[0]`` names with the rest of ``argv`` as its options."""
+    if argv and argv[0] in HELP_FLAGS:
+        print(help_text())
+        return 0
     if not argv or argv[0] not in ENGINES:
         given = repr(argv[0]) if argv else "nothing"
         print(
@@ -38,6 +101,18 @@ def serve(argv: Sequence[str]) -> int:
         )
         return 2
     engine, options = argv[0], list(argv[1:])
+    if any(option in HELP_FLAGS for option in options):
+        # Ours first, then the engine's server prints its own and exits.
+        print(help_text(engine), flush=True)
+    else:
+        try:
+            # A bad ANYLOGITS_LIMITS or plugin stops every server here, before it loads
+            # a model, rather than answering each request naming it with the error.
+            limits()
+            load_plugins()
+        except ValueError as error:
+            print(f"anylogits serve {engine}: {error}", file=sys.stderr)
+            return 1
     # anylogits' log lines (compiled grammars, ended requests) beside the engine's.
     os.environ.setdefault(LOG_LEVEL_VARIABLE, "INFO")
     configure_logging()

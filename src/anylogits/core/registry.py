@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import weakref
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from anylogits.core.processor import LogitsProcessor
@@ -84,6 +85,25 @@ def registered_processors() -> dict[str, type[LogitsProcessor]]:
     return dict(_REGISTRY)
 
 
+_P = TypeVar("_P", bound="type[LogitsProcessor]")
+
+# Spec names whose specs run only in the process that made them (they name one of its
+# objects): where specs are written by hand or sent to a server, they are not offered.
+_IN_PROCESS_ONLY: set[str] = set()
+
+
+def in_process_only(cls: _P) -> _P:
+    """Class decorator: ``cls``'s specs name an object of the process that made them, so
+    ``anylogits list`` and the unknown-type message (a server's HTTP 400) leave it out."""
+    _IN_PROCESS_ONLY.add(cls.spec_name)
+    return cls
+
+
+def offered(spec_name: str) -> bool:
+    """Whether a spec written by hand, or sent to a server, may name ``spec_name``."""
+    return spec_name not in _IN_PROCESS_ONLY
+
+
 def processor_type(kind: Any) -> type[LogitsProcessor]:
     """The class a spec's ``"type"`` names, loading plugins the first time a type is not
     yet registered; ``ValueError`` saying the known types and plugins otherwise."""
@@ -95,7 +115,9 @@ def processor_type(kind: Any) -> type[LogitsProcessor]:
         cls = _REGISTRY.get(kind)
         if cls is not None:
             return cls
-    known = ", ".join(sorted(set(_REGISTRY) | set(available_entry_points())))
+    known = ", ".join(
+        sorted(name for name in set(_REGISTRY) | set(available_entry_points()) if offered(name))
+    )
     raise ValueError(
         f"spec field 'type' is {kind!r}; known processor types: {known}; {describe_plugins()}"
     )
@@ -120,6 +142,15 @@ def _listed_modules() -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def _find_modules_in_working_directory() -> None:
+    """Let ``ANYLOGITS_PLUGINS`` name a module in the current directory, as ``python -m``
+    finds one: a console script (``anylogits serve``, ``vllm serve``) puts its own folder
+    first on the path instead. Appended: an installed module of the same name wins."""
+    working_directory = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == working_directory for entry in sys.path):
+        sys.path.append(working_directory)
+
+
 def import_plugin_modules() -> list[str]:
     """Import the modules listed in ``ANYLOGITS_PLUGINS`` (once per process) and return
     their names; ``ValueError`` naming the module and its error when one fails."""
@@ -130,7 +161,10 @@ def import_plugin_modules() -> list[str]:
         if _imported_modules is not None:
             return list(_imported_modules)
         imported = []
-        for name in _listed_modules():
+        listed = _listed_modules()
+        if listed:
+            _find_modules_in_working_directory()
+        for name in listed:
             try:
                 importlib.import_module(name)
             except Exception as error:  # any failure of user code is a configuration error

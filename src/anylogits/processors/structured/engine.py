@@ -71,8 +71,10 @@ def load_llguidance() -> Any:
         import llguidance
         import llguidance.torch
     except ImportError:
+        from anylogits.installation import pip_install
+
         raise ImportError(
-            "structured generation needs llguidance: pip install 'anylogits[structured]'"
+            f"structured generation needs llguidance: {pip_install('structured')}"
         ) from None
     return llguidance
 

@@ -1,0 +1,60 @@
+"""Install hints in the form that works where anylogits came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anylogits import installation
+
+
+class _Distribution:
+    def __init__(self, direct_url: dict[str, Any] | None) -> None:
+        self.direct_url = direct_url
+
+    def read_text(self, name: str) -> str | None:
+        assert name == "direct_url.json"
+        return None if self.direct_url is None else json.dumps(self.direct_url)
+
+
+@pytest.fixture
+def installed_from(monkeypatch: pytest.MonkeyPatch):
+    def install(direct_url: dict[str, Any] | None) -> None:
+        monkeypatch.setattr(
+            installation.metadata, "distribution", lambda name: _Distribution(direct_url)
+        )
+        installation._installed_from.cache_clear()
+
+    yield install
+    installation._installed_from.cache_clear()
+
+
+def test_a_package_from_the_index_is_named_by_its_project(installed_from) -> None:
+    installed_from(None)
+    assert installation.pip_install("mlx") == 'pip install "anylogits[mlx]"'
+
+
+def test_an_editable_checkout_is_installed_again_from_its_folder_with_its_pins(
+    installed_from, tmp_path: Path
+) -> None:
+    (tmp_path / "constraints.txt").write_text("torch==2.13.0\n")
+    installed_from({"url": tmp_path.as_uri(), "dir_info": {"editable": True}})
+    assert installation.pip_install("llama-cpp") == (
+        f'pip install -c {tmp_path / "constraints.txt"} -e "{tmp_path}[llama-cpp]"'
+    )
+
+
+def test_a_wheel_file_is_installed_again_from_that_file(installed_from, tmp_path: Path) -> None:
+    wheel = tmp_path / "with space" / "anylogits-0.1.0-py3-none-any.whl"
+    installed_from({"url": wheel.as_uri(), "archive_info": {}})
+    assert installation.pip_install("structured") == f'pip install "{wheel}[structured]"'
+
+
+def test_this_checkout_is_named_by_its_folder() -> None:
+    # The test run's own anylogits: installed editable from this checkout (or run from it).
+    installation._installed_from.cache_clear()
+    root = Path(__file__).parents[1]
+    assert f'"{root}[mlx]"' in installation.pip_install("mlx")
