@@ -212,18 +212,24 @@ def conformance(session: nox.Session, backend: str) -> None:
     session.run("python", "-c", f"import {spec['module']}")
     for stale in SUPPORT_RESULTS.glob(f"support-{backend}-*.json"):
         stale.unlink()
-    session.run(
-        "pytest",
-        *([] if backend == "vllm" else workers()),
-        *unit_tests(backend),
-        "conformance_tests",
-        *(f"{path}/tests" for path in examples),
-        f"--backends={backend}",
-        "-m",
-        "",
-        *session.posargs,
-        env={"ANYLOGITS_SUPPORT_DIR": str(SUPPORT_RESULTS)},
-    )
+    tests = [*unit_tests(backend), "conformance_tests", *(f"{path}/tests" for path in examples)]
+    parallel = [] if backend == "vllm" else workers()
+    environment = {"ANYLOGITS_SUPPORT_DIR": str(SUPPORT_RESULTS)}
+    # Side by side first; then, alone, the tests that bound a latency (a worker beside
+    # them would move it).
+    for selection, options in (
+        (("not serial", parallel), ("serial", [])) if parallel else (("", []),)
+    ):
+        session.run(
+            "pytest",
+            *options,
+            *tests,
+            f"--backends={backend}",
+            "-m",
+            selection,
+            *session.posargs,
+            env=environment,
+        )
     if os.environ.get("CI"):
         # A CI checkout is fresh, so the venv is never reused; four of them (vLLM's alone
         # is ~3.5 GB) can fill a small disk before the last session runs.

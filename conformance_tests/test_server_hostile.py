@@ -37,7 +37,7 @@ from test_support.hostile import (  # noqa: E402
     nested,
 )
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module", params=SERVER_BACKENDS)

@@ -35,7 +35,8 @@ keys), a cost of ours that the ratio shows. Both sides of each schema run one af
 other, which goes first alternating, torch on one thread; ``setup_cache`` measures
 everything once (~1.5 minutes on 2 busy cores) and the ``track_*`` methods read it.
 
-``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table.
+``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table;
+``... --one-row [VOCAB]`` only ``mask_b1``, each walk three times (:func:`one_row_walks`).
 """
 
 from __future__ import annotations
@@ -413,8 +414,31 @@ def table(times: Times) -> str:
     return "\n".join(lines)
 
 
+def one_row_walks(vocab: str = "49k", repeats: int = 3) -> tuple[list[float], list[float]]:
+    """``mask_b1`` alone, each schema's walk ``repeats`` times (both sides interleaved as
+    in :func:`measure`): the B=1 ratio with more samples, in ~30 s instead of ~1.5 min."""
+    _require()
+    schemas = sample_schemas()
+    found = _Vocab(vocab)
+    _warm_up(found)
+    paths = [found.path(schema.schema, SEED + index) for index, schema in enumerate(schemas)]
+    ours: list[float] = []
+    direct: list[float] = []
+    for index in range(repeats * len(schemas)):
+        schema, path = schemas[index % len(schemas)].schema, paths[index % len(schemas)]
+        mine, theirs = _pair(_walk_ours, _walk_direct, bool(index % 2), found, schema, path, 1)
+        ours.extend(mine)
+        direct.extend(theirs)
+    return ours, direct
+
+
 def main(argv: list[str] | None = None) -> None:
-    vocabs = (argv if argv is not None else sys.argv[1:]) or VOCABS
+    arguments = argv if argv is not None else sys.argv[1:]
+    if arguments[:1] == ["--one-row"]:
+        vocab = arguments[1] if len(arguments) > 1 else "49k"
+        print(table({vocab: {"mask_b1": one_row_walks(vocab)}}))
+        return
+    vocabs = arguments or VOCABS
     schemas = sample_schemas()
     sizes = sorted(schema.size for schema in schemas)
     print(

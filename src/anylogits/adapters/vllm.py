@@ -121,6 +121,7 @@ def _start_engine(vllm_config: VllmConfig) -> VllmRequests:
 
 
 def _validate(sampling_params: SamplingParams) -> None:
+    configure_logging()  # the API server's process: its refusals are logged there
     if _STRUCTURED_AVAILABLE:
         # The frontend's grammar checker starts with its first request, of any kind.
         from anylogits.processors.structured.guard import GUARD

@@ -95,6 +95,8 @@ _IN_PROCESS_ONLY: set[str] = set()
 def in_process_only(cls: _P) -> _P:
     """Class decorator: ``cls``'s specs name an object of the process that made them, so
     ``anylogits list`` and the unknown-type message (a server's HTTP 400) leave it out."""
+    if cls.spec_name is None:
+        raise TypeError(f"{cls.__qualname__} has no spec_name: its specs name no type")
     _IN_PROCESS_ONLY.add(cls.spec_name)
     return cls
 
