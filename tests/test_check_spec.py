@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from anylogits.adapters.vllm_requests import validate_request
 from anylogits.cli.check_spec import SpecCheck, check_request
+from anylogits.core.wire import validate_request
 from test_support.catalogue import PROCESSOR_SPECS
 from test_support.hostile import BAD_PAYLOADS, OVERSIZED, REQUEST_LEVEL
 
@@ -43,7 +43,7 @@ def fresh_server_messages() -> dict[str, str]:
     that process has loaded)."""
     code = (
         "import json, sys\n"
-        "from anylogits.adapters.vllm_requests import validate_request\n"
+        "from anylogits.core.wire import validate_request\n"
         "from anylogits.core.registry import load_plugins\n"
         "load_plugins()\n"
         "messages = {}\n"

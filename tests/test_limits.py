@@ -31,7 +31,7 @@ from anylogits import (
     from_spec,
     to_specs,
 )
-from anylogits.adapters.vllm_requests import VllmRequests, request_specs
+from anylogits.adapters.vllm_requests import VllmRequests
 from anylogits.core import limits as limits_module
 from anylogits.core.limits import (
     ENVIRONMENT_VARIABLE,
@@ -41,6 +41,7 @@ from anylogits.core.limits import (
     override,
     set_limits,
 )
+from anylogits.core.wire import request_specs
 from test_support.catalogue import (
     PROCESSOR_SPECS,
     VOCABULARY_SPECS,

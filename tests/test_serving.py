@@ -16,8 +16,8 @@ import torch
 
 import anylogits
 from anylogits import LogitBias, NoRepeatNGram, SuppressTokens, to_specs, vllm_xargs
-from anylogits.adapters.vllm_requests import validate_request
 from anylogits.cli.serve import VLLM_PROCESSOR_CLASS, vllm_command
+from anylogits.core.wire import validate_request
 from anylogits.serving import (
     Refused,
     RequestPipeline,

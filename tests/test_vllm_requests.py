@@ -24,8 +24,9 @@ from anylogits import (
     to_specs,
     vllm_xargs,
 )
-from anylogits.adapters.vllm_requests import PrefetchedVocabulary, VllmRequests, request_specs
+from anylogits.adapters.vllm_requests import PrefetchedVocabulary, VllmRequests
 from anylogits.core.persistent_batch import GROUP_CACHE
+from anylogits.core.wire import request_specs
 from test_support.probes import GeneratedHashBias
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))

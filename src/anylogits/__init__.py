@@ -10,7 +10,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from anylogits.adapters.from_transformers import from_transformers
-from anylogits.adapters.vllm_requests import vllm_xargs
 from anylogits.core import (
     Batch,
     LogitsProcessor,
@@ -21,6 +20,7 @@ from anylogits.core import (
     load_plugins,
     to_specs,
 )
+from anylogits.core.wire import vllm_xargs
 from anylogits.processors import (
     DRY,
     XTC,

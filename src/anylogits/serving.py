@@ -4,7 +4,7 @@ Every server takes the request field vLLM's takes, ``vllm_xargs["anylogits"]`` (
 specs or its JSON text), so one client request works against vLLM's, llama-cpp-python's
 and mlx-lm's servers unchanged. A request is checked where it arrives, before it reaches
 the engine, by the function vLLM's frontend runs
-(:func:`~anylogits.adapters.vllm_requests.validate_request`: the limits, the same
+(:func:`~anylogits.core.wire.validate_request`: the limits, the same
 messages, ``anylogits check-spec``'s answer), and then built for the served model's
 vocabulary: a spec that cannot run there (an id beyond the vocabulary, a grammar the
 tokenizer cannot express) is an HTTP 400 too, where vLLM, whose frontend has no
@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from anylogits.adapters.vllm_requests import SPEC_FIELD, SPEC_KEY, validate_request
 from anylogits.core.fast_paths import Candidates
 from anylogits.core.pipeline import Pipeline, end_sequences
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary
+from anylogits.core.wire import SPEC_FIELD, SPEC_KEY, validate_request
 
 logger = logging.getLogger("anylogits.serving")
 

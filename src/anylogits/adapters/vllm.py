@@ -19,9 +19,9 @@ OpenAI-compatible server, ``extra_body={"vllm_xargs": anylogits.vllm_xargs(...)}
 - :class:`AnyLogits`: both at once, for when the runner is vLLM's choice;
   :func:`vllm_processor_class` picks the one class for a given engine config.
 
-The wire format (``extra_args``, ``vllm_xargs``, live output lists) is in
-:mod:`anylogits.adapters.vllm_requests`, the processing in the neutral
-:class:`anylogits.core.persistent_batch.PersistentBatch`.
+The wire format (``extra_args``, ``vllm_xargs``) is :mod:`anylogits.core.wire`, shared by
+every server; vLLM's live output lists are read in :mod:`anylogits.adapters.vllm_requests`,
+the processing is the neutral :class:`anylogits.core.persistent_batch.PersistentBatch`.
 """
 
 from __future__ import annotations
@@ -35,21 +35,20 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
-from anylogits.adapters.vllm_requests import (
-    SPEC_FIELD,
-    SPEC_KEY,
-    PrefetchedVocabulary,
-    VllmRequests,
-    processor_specs,
-    request_specs,
-    validate_request,
-)
+from anylogits.adapters.vllm_requests import PrefetchedVocabulary, VllmRequests
 from anylogits.core.device_history import SlotHistory, committed_since
 from anylogits.core.limits import limits
 from anylogits.core.logs import configure_logging
 from anylogits.core.registry import load_plugins
 from anylogits.core.specs import from_spec
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
+from anylogits.core.wire import (
+    SPEC_FIELD,
+    SPEC_KEY,
+    processor_specs,
+    request_specs,
+    validate_request,
+)
 from anylogits.serving import REQUEST_FIELD, log_refusal
 
 try:  # the V2 runner's interface (vLLM >= 0.32)

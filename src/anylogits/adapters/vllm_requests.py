@@ -1,99 +1,22 @@
-"""vLLM's request wire format, without vLLM: clients import it to build requests.
-
-A request names its processors as specs under ``extra_args["anylogits"]`` (offline
-``SamplingParams``) or ``vllm_xargs["anylogits"]`` (the OpenAI-compatible server, which
-carries only flat values, so there the specs travel as one JSON string). The V1 model
-runner hands each request's *live* list of generated ids to the processor; it may shrink
-(tokens discarded after a KV-load failure) or end in ``-1`` placeholders (tokens still
-being sampled asynchronously). :class:`VllmRequests` reads both into the neutral
+"""vLLM's requests as a persistent batch, without vLLM; the wire format they arrive in is
+:mod:`anylogits.core.wire`. The V1 model runner hands each request's *live* list of
+generated ids to the processor; it may shrink (tokens discarded after a KV-load failure)
+or end in ``-1`` placeholders (tokens still being sampled asynchronously).
+:class:`VllmRequests` reads both into the neutral
 :class:`~anylogits.core.persistent_batch.PersistentBatch`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from anylogits.adapters.from_transformers import SPEC_NAME as LIVE_OBJECT_SPEC
 from anylogits.core.persistent_batch import PersistentBatch
-from anylogits.core.pipeline import flatten
-from anylogits.core.specs import parse_specs, to_specs
+from anylogits.core.specs import parse_specs
 from anylogits.core.vocab import Vocabulary
-
-SPEC_KEY = "anylogits"
-"""The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
-
-SPEC_FIELD = f"extra_args[{SPEC_KEY!r}]"
-"""How error messages name a request's specs."""
-
-
-def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | None:
-    """The validated specs of one request's ``extra_args``, or ``None`` when it has none.
-
-    The value under :data:`SPEC_KEY` is a list of spec dicts, one spec dict, or their JSON
-    text (what :func:`vllm_xargs` sends through the OpenAI-compatible server).
-
-    Raises ``ValueError`` naming the bad field, e.g. ``extra_args['anylogits'][1]``.
-    """
-    if not extra_args or SPEC_KEY not in extra_args:
-        return None
-    return parse_specs(extra_args[SPEC_KEY], SPEC_FIELD) or None
-
-
-def validate_request(
-    extra_args: dict[str, Any] | None, *, engine_in_this_process: bool
-) -> list[dict[str, Any]]:
-    """What vLLM's frontend checks of one request before admitting it (every
-    ``validate_params`` of :mod:`anylogits.adapters.vllm`, and ``anylogits check-spec``):
-    the checked specs (``[]`` when there are none), or a ``ValueError`` whose text is the
-    message of the server's HTTP 400.
-
-    Args:
-        extra_args: the request's ``SamplingParams.extra_args`` (a server request's
-            ``vllm_xargs``).
-        engine_in_this_process: whether a vLLM engine runs in this process; only then
-            can ``from_transformers`` objects, which exist in this process alone, run.
-    """
-    # vLLM turns a ValueError into HTTP 400 and anything else into a 500, so whatever a
-    # client sent fails as a ValueError.
-    try:
-        specs = request_specs(extra_args) or []
-    except ValueError:
-        raise
-    except Exception as error:
-        raise ValueError(f"{SPEC_FIELD} is not usable: {error!r}") from None
-    if not engine_in_this_process and any(spec["type"] == LIVE_OBJECT_SPEC for spec in specs):
-        raise ValueError(
-            f"{SPEC_FIELD} holds from_transformers objects, which exist in this process only, "
-            "but vLLM's engine runs in another one: set VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-            "before creating the LLM, or write the processor as an anylogits processor"
-        )
-    return specs
-
-
-def processor_specs(*processors: Any) -> list[dict[str, Any]]:
-    """The checked specs of ``processors`` (pipelines flattened), in order."""
-    # Not a Pipeline: building one would rebind the processors to no vocabulary.
-    return to_specs(flatten(processors))
-
-
-def vllm_xargs(*processors: Any) -> dict[str, str]:
-    """The ``vllm_xargs`` payload that asks a vLLM server to run ``processors``.
-
-    Needs no vLLM: clients send it as ``extra_body={"vllm_xargs": vllm_xargs(...)}``. The
-    server only carries flat values, so the specs travel as one JSON string.
-
-    Example:
-        >>> from anylogits import TopK
-        >>> vllm_xargs(TopK(5))
-        {'anylogits': '[{"type":"top_k","top_k":5,"min_tokens_to_keep":1}]'}
-    """
-    text = json.dumps(processor_specs(*processors), separators=(",", ":"))
-    request_specs({SPEC_KEY: text})
-    return {SPEC_KEY: text}
+from anylogits.core.wire import SPEC_FIELD, SPEC_KEY
 
 
 class PrefetchedVocabulary:

@@ -1,5 +1,5 @@
 """``anylogits check-spec``: check a request's processor specs as every anylogits server
-checks them (:func:`~anylogits.adapters.vllm_requests.validate_request`, which vLLM's
+checks them (:func:`~anylogits.core.wire.validate_request`, which vLLM's
 ``validate_params`` and the llama-cpp-python and mlx-lm servers' admission call),
 without an engine or a model.
 
@@ -17,10 +17,10 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from anylogits.adapters.vllm_requests import SPEC_KEY, validate_request
 from anylogits.core import registry
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
+from anylogits.core.wire import SPEC_KEY, validate_request
 
 ENVELOPES = ("vllm_xargs", "extra_args")
 # Who checks specs with this code: every server anylogits serve starts.
