@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 BACKENDS = (
     "transformers",
     "vllm",
@@ -48,3 +50,19 @@ def test_factories_are_listed_but_loaded_lazily() -> None:
 
     assert "for_transformers" in dir(anylogits)
     assert "for_transformers" in anylogits.__all__
+
+
+def test_a_structured_processor_is_built_without_torch_compile() -> None:
+    # llguidance.torch decorates with torch.compile, which imports Dynamo: ~2 s of a
+    # process's first JSONSchema(...). The bitmask is filled and applied without it.
+    pytest.importorskip("llguidance")
+    code = (
+        "import json, sys; from anylogits import JSONSchema, Regex; "
+        "JSONSchema({'type': 'object', 'properties': {'a': {'type': 'string'}}}); "
+        "Regex('[0-9]+'); "
+        "print(json.dumps([m for m in ('torch._dynamo', 'llguidance.torch') if m in sys.modules]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout) == []

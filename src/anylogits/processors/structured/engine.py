@@ -68,8 +68,9 @@ class GrammarEngine(Protocol):
 def load_llguidance() -> Any:
     """The llguidance module; ``ImportError`` saying how to install it when missing."""
     try:
+        # Not llguidance.torch: its torch.compile decorator imports Dynamo (~2 s of a
+        # process's first structured processor), and the bitmask is filled here.
         import llguidance
-        import llguidance.torch
     except ImportError:
         from anylogits.installation import pip_install
 
