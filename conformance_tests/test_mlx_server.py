@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,3 +53,10 @@ def test_a_list_prompt_is_a_400_and_the_server_serves_on(
             model=client.served_model, prompt=["Once upon a time"], max_tokens=4
         )
     assert complete(client, server)[1] == plain
+
+
+def test_the_served_model_is_listed_without_a_hugging_face_cache(client: Any) -> None:
+    # mlx-lm lists what it finds in the Hugging Face cache, and answered a traceback
+    # where ~/.cache/huggingface/hub does not exist (a fresh machine, this one).
+    listed = [model.id for model in client.models.list().data]
+    assert any((Path(name) / "config.json").is_file() for name in listed), listed

@@ -31,6 +31,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import mlx_lm.server as mlx_server
@@ -156,6 +157,27 @@ class AnyLogitsHandler(mlx_server.APIHandler):
             )
             response = with_token_ids(response, prompt_ids, list(tokens))
         return response
+
+    def handle_models_request(self) -> None:
+        # mlx-lm lists the models of the Hugging Face cache, which it scans after sending
+        # its 200: on a machine without that cache the scan raises, and the client reads a
+        # traceback instead of JSON. There, the served model alone is the list.
+        from huggingface_hub import constants
+
+        if Path(constants.HF_HUB_CACHE).is_dir():
+            super().handle_models_request()
+            return
+        model = self.response_generator.cli_args.model
+        path = Path(model)
+        served = str(path.resolve()) if path.exists() else model
+        body = {
+            "object": "list",
+            "data": [{"id": served, "object": "model", "created": self.created}],
+        }
+        self._set_completion_headers(200)
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+        self.wfile.flush()
 
 
 def handler_for(model_provider: Any) -> type[AnyLogitsHandler]:
