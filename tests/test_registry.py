@@ -62,10 +62,14 @@ def install_distribution(
     )
 
 
-def run_fresh(root: Path, code: str, plugins: str | None = None) -> dict:
-    """Run ``code`` in a new interpreter with ``root`` on its path; it sets ``result``
-    (a JSON-able value), returned here."""
-    path = [str(root), *(entry for entry in sys.path if entry and Path(entry).is_dir())]
+def run_fresh(
+    root: Path, code: str, plugins: str | None = None, *, as_console_script: bool = False
+) -> dict:
+    """Run ``code`` in a new interpreter with ``root`` on its path, or, ``as_console_script``,
+    started in ``root`` with neither it nor the working directory on its path (``-P``: as
+    ``anylogits serve`` runs); it sets ``result`` (a JSON-able value), returned here."""
+    inherited = [entry for entry in sys.path if entry and Path(entry).is_dir()]
+    path = inherited if as_console_script else [str(root), *inherited]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     environment.pop("ANYLOGITS_PLUGINS", None)
     if plugins is not None:
@@ -82,7 +86,7 @@ def run_fresh(root: Path, code: str, plugins: str | None = None) -> dict:
         + "\nprint('RESULT=' + json.dumps(result))\n"
     )
     completed = subprocess.run(
-        [sys.executable, "-c", program],
+        [sys.executable, *(["-P"] if as_console_script else []), "-c", program],
         cwd=root,
         env=environment,
         capture_output=True,
@@ -345,32 +349,24 @@ def test_an_anylogits_plugins_module_that_fails_is_a_value_error_naming_it(
 
 
 def test_anylogits_plugins_modules_are_found_in_the_working_directory(tmp_path: Path) -> None:
-    # -P: the interpreter does not put the current directory on its path, as a console
-    # script (anylogits serve, vllm serve) does not; the module is found there anyway.
+    # Started as a console script (anylogits serve, vllm serve) is: the current directory
+    # is not on its path; the module is found there anyway.
     (tmp_path / "operator_processors.py").write_text(OPERATOR_MODULE)
-    path = [entry for entry in sys.path if entry and Path(entry).is_dir()]
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(path),
-        "ANYLOGITS_PLUGINS": "operator_processors",
-    }
-    program = (
-        "import os, sys\n"
-        "assert os.getcwd() not in sys.path and '' not in sys.path, sys.path\n"
-        "import anylogits\n"
-        "anylogits.load_plugins()\n"
-        "print(anylogits.from_spec({'type': 'operator_bias', 'bias': 1.0}).to_spec())\n"
+    ran = run_fresh(
+        tmp_path,
+        """
+        import os
+
+        assert os.getcwd() not in sys.path and '' not in sys.path, sys.path
+        import anylogits
+
+        anylogits.load_plugins()
+        result = anylogits.from_spec({"type": "operator_bias", "bias": 1.0}).to_spec()
+        """,
+        plugins="operator_processors",
+        as_console_script=True,
     )
-    completed = subprocess.run(
-        [sys.executable, "-P", "-c", program],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert "{'type': 'operator_bias', 'bias': 1.0}" in completed.stdout
+    assert ran["result"] == {"type": "operator_bias", "bias": 1.0}
 
 
 def test_a_type_of_in_process_objects_is_not_offered_where_specs_are_written() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from anylogits.serving import (
     request_specs,
     with_token_ids,
 )
+from test_support import child_environment
 from test_support.probes import RaiseAfter
 
 EOS = 7
@@ -189,9 +189,9 @@ def test_a_broken_plugin_or_limit_stops_every_server_at_start(
 ) -> None:
     # In the working directory, as a user writes one next to the command.
     (tmp_path / "broken_processors.py").write_text("raise RuntimeError('boom')\n")
-    path = [entry for entry in sys.path if entry and Path(entry).is_dir()]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path), variable: value}
-    result = anylogits_serve(engine, "--model", "m", cwd=tmp_path, env=environment)
+    result = anylogits_serve(
+        engine, "--model", "m", cwd=tmp_path, env=child_environment(**{variable: value})
+    )
     assert result.returncode == 1, result
     assert result.stderr.startswith(f"anylogits serve {engine}: {said}"), result.stderr
 
