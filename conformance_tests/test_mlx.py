@@ -146,6 +146,42 @@ def test_stream_generate_and_generate_accept_the_processors(loaded: Any) -> None
     assert text == "".join(response.text for response in responses)
 
 
+def test_a_warm_prompt_cache_gives_the_cold_tokens(loaded: Any) -> None:
+    # stream_generate passes processors only the prompt it feeds the model: the cached
+    # prefix comes back through cached_tokens. The prompt ends with the greedy tokens the
+    # model goes on to repeat, so a penalty blind to the prefix changes the output.
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = loaded
+    counting = tokenizer.encode(COUNTING)
+    prompt = counting + mlx_greedy(model, counting, n=7)
+    cold = mlx_greedy(model, prompt, for_mlx(RepetitionPenalty(1.3), tokenizer=tokenizer))
+    assert cold != mlx_greedy(model, prompt), "the penalty does not change the greedy output"
+
+    def warm(**cached: Any) -> list[int]:
+        cache = make_prompt_cache(model)
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        hooks = for_mlx(RepetitionPenalty(1.3), tokenizer=tokenizer, **cached)
+        responses = stream_generate(
+            model,
+            tokenizer,
+            prompt[-1:],
+            max_tokens=NEW_TOKENS,
+            prompt_cache=cache,
+            logits_processors=hooks,
+        )
+        return [response.token for response in responses]
+
+    assert warm(cached_tokens=prompt[:-1]) == cold
+    assert warm() != cold, "the cache no longer hides the prefix"
+
+
+@pytest.mark.parametrize("bad", [[-1], [1.5], [True]])
+def test_cached_tokens_must_be_token_ids(loaded: Any, bad: list[Any]) -> None:
+    with pytest.raises(ValueError, match=f"cached_tokens must be token ids.*{bad[0]!r}"):
+        for_mlx(RepetitionPenalty(1.3), tokenizer=loaded[1], cached_tokens=bad)
+
+
 @pytest.fixture(scope="module")
 def other_draft() -> Any:
     """Other weights, same vocabulary: its drafts get rejected, forcing rollbacks."""

@@ -14,9 +14,12 @@ pytest.importorskip("mlx_lm")
 
 import openai
 
+from anylogits import RepetitionPenalty
+from anylogits.engines.generation import NEW_TOKENS
 from conformance_tests.server_suite import *  # noqa: F403  (the suite's tests)
-from conformance_tests.server_suite import complete
+from conformance_tests.server_suite import _extra_body, complete
 from conformance_tests.servers import Server
+from test_support.generation_cases import COUNTING
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("mlx")]
 
@@ -39,6 +42,10 @@ def test_what_the_wiring_relies_on_is_there() -> None:
     assert "run" in inspect.getsource(server.main), "mlx_lm.server.main calls run no more"
     source = inspect.getsource(server.ResponseGenerator)
     assert source.count("_make_logits_processors(args)") == 2, "a request path changed"
+    serve_single = inspect.getsource(server.ResponseGenerator._serve_single)
+    for call in ("self.prompt_cache.fetch_nearest_cache(", "stream_generate(", "prompt=rest"):
+        assert call in serve_single, f"the unbatched path no longer calls {call}"
+    assert "LRUPromptCache(" in inspect.getsource(server.run)
 
 
 def test_a_list_prompt_is_a_400_and_the_server_serves_on(
@@ -60,3 +67,28 @@ def test_the_served_model_is_listed_without_a_hugging_face_cache(client: Any) ->
     # where ~/.cache/huggingface/hub does not exist (a fresh machine, this one).
     listed = [model.id for model in client.models.list().data]
     assert any((Path(name) / "config.json").is_file() for name in listed), listed
+
+
+def test_processors_see_the_cached_prompt_on_the_unbatched_path(
+    client: Any, server: Server, counting: list[int], plain: list[int], engine: Any
+) -> None:
+    # A request with a seed is served alone (stream_generate), which passes processors
+    # only the prompt's uncached part: a warm cache hid the prompt from the penalty.
+    # The prompt ends with the greedy tokens the model goes on to repeat.
+    prompt = COUNTING + engine.tokenizer.decode(plain[:7])
+    ids = engine.encode(prompt)
+    assert ids == counting + plain[:7]
+    expected = engine.greedy(ids, [RepetitionPenalty(1.3)])
+    assert expected != engine.greedy(ids), "the penalty does not change the greedy output"
+    for seed in range(3):
+        response = client.completions.create(
+            model=client.served_model,
+            prompt=prompt,
+            max_tokens=NEW_TOKENS,
+            temperature=0.0,
+            seed=seed,
+            extra_body=_extra_body([RepetitionPenalty(1.3)]),
+        )
+        cached = response.usage.prompt_tokens_details
+        assert list(response.choices[0].model_extra["token_ids"]) == expected, (seed, cached)
+    assert cached is not None and cached.cached_tokens > 0, "the prompt cache stayed cold"

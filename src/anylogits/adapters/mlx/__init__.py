@@ -25,6 +25,7 @@ mlx-lm's stream sits idle: what runs after that wait is kept to the pipeline alo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -40,11 +41,40 @@ _UNSIGNED = {2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 
 
 class MlxLogitsProcessor(PipelineHook):
-    """The mlx-lm hook around an anylogits :class:`~anylogits.Pipeline`."""
+    """The mlx-lm hook around an anylogits :class:`~anylogits.Pipeline`.
+
+    Args:
+        pipeline: the processors to run.
+        tokenizer: the tokenizer the pipeline's vocabulary came from (kept alive).
+        cached_tokens: the ids already in the ``prompt_cache`` mlx-lm generates from,
+            which it does not pass to processors: they are put back in front of every
+            history the hook is given.
+    """
+
+    def __init__(
+        self, pipeline: Pipeline, tokenizer: Any = None, cached_tokens: Sequence[int] = ()
+    ) -> None:
+        super().__init__(pipeline, tokenizer)
+        self.cached_tokens = tuple(cached_tokens)
+        for token in self.cached_tokens:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(
+                    f"cached_tokens must be token ids (ints >= 0), got {token!r}: give the "
+                    "ids the prompt cache was filled with"
+                )
+        self._cached = mx.array(self.cached_tokens, dtype=mx.int64) if cached_tokens else None
+
+    def after(self, cached_tokens: Sequence[int]) -> MlxLogitsProcessor:
+        """This hook's pipeline, for a generation from a prompt cache holding
+        ``cached_tokens``."""
+        return MlxLogitsProcessor(self.pipeline, self.tokenizer, cached_tokens)
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         owned = _copy(logits)
-        history = tokens.astype(mx.int64).reshape(1, -1)
+        history = tokens.astype(mx.int64)
+        if self._cached is not None:
+            history = mx.concatenate([self._cached, history])
+        history = history.reshape(1, -1)
         mx.async_eval(history)  # queued first: ready before the model's logits
         mx.async_eval(owned)
         token_ids = torch.from_dlpack(history)  # waits for the history only
@@ -67,7 +97,11 @@ def _copy(array: mx.array) -> mx.array:
     return (bits | 0).view(array.dtype)
 
 
-def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[MlxLogitsProcessor]:
+def for_mlx(
+    *processors: LogitsProcessor | Pipeline,
+    tokenizer: Any,
+    cached_tokens: Sequence[int] = (),
+) -> list[MlxLogitsProcessor]:
     """The list mlx-lm takes as ``logits_processors``, running ``processors`` in order.
 
     Args:
@@ -75,6 +109,11 @@ def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[Mlx
         tokenizer: the tokenizer ``mlx_lm.load`` returned (a ``TokenizerWrapper``) or the
             Hugging Face tokenizer itself. Its ``eos_token_ids`` (every id mlx-lm stops
             on) are the vocabulary's end-of-sequence ids.
+        cached_tokens: the token ids already in the ``prompt_cache`` given to
+            ``generate`` / ``stream_generate`` / ``generate_step``. Those pass processors
+            only the tokens they feed the model, so without this a warm cache hides its
+            part of the prompt (a penalty would not see it) and the tokens differ from a
+            cold start. ``BatchGenerator`` passes them itself (its ``all_tokens``).
 
     Give ``BatchGenerator`` one list per sequence (call ``for_mlx`` once per sequence,
     or reuse one list: rows are told apart by their tokens).
@@ -87,10 +126,19 @@ def for_mlx(*processors: LogitsProcessor | Pipeline, tokenizer: Any) -> list[Mlx
         model, tokenizer = load("model-folder")
         generate(model, tokenizer, "Once upon a time", max_tokens=32,
                  logits_processors=for_mlx(RepetitionPenalty(1.3), tokenizer=tokenizer))
+
+        # With a warm prompt cache, name what it holds:
+        cache = make_prompt_cache(model)
+        prefix, rest = prompt[:-1], prompt[-1:]
+        model(mx.array(prefix)[None], cache=cache)
+        stream_generate(model, tokenizer, rest, prompt_cache=cache, logits_processors=
+                        for_mlx(RepetitionPenalty(1.3), tokenizer=tokenizer,
+                                cached_tokens=prefix))
     """
     if not processors:
         raise ValueError("for_mlx needs at least one processor")
-    return [MlxLogitsProcessor(Pipeline(processors, _vocabulary_of(tokenizer)), tokenizer)]
+    pipeline = Pipeline(processors, _vocabulary_of(tokenizer))
+    return [MlxLogitsProcessor(pipeline, tokenizer, cached_tokens)]
 
 
 def _vocabulary_of(tokenizer: Any) -> Vocabulary:

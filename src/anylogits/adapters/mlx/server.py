@@ -12,14 +12,22 @@ and gives each row its own ``logits_processors`` list. Wired here:
   (``return_token_ids``, vLLM's flag);
 - ``mlx_lm.server._make_logits_processors``, the function the generation thread calls
   for each request (batched or served alone), adds that request's processors to mlx-lm's
-  own: one row, one list, one pipeline.
+  own: one row, one list, one pipeline;
+- a request served alone (it has a ``seed``, or the server runs ``--draft-model`` /
+  ``--kv-bits``) goes through ``stream_generate`` with only the prompt's uncached part:
+  the prompt cache (:class:`PromptCacheNamingItsTokens`) says which ids it holds, and
+  ``mlx_lm.server.stream_generate`` (wrapped while :func:`main` runs) gives them to the
+  request's hooks, so a warm cache gives the cold tokens. mlx-lm's own processors (its
+  ``repetition_penalty``) still see the uncached part only there.
 
 What of mlx-lm this relies on, beyond its public API (checked against the pinned version
 by ``conformance_tests/test_mlx_server.py``): ``mlx_lm.server._make_logits_processors``
-(wrapped while :func:`main` runs), ``mlx_lm.server.run`` (the name its command calls,
-replaced while :func:`main` runs), ``mlx_lm.server._run_http_server`` (takes the handler
-class), ``APIHandler.response_generator`` / ``generate_response`` /
-``GenerationArguments.logits`` and ``ModelProvider.tokenizer`` / ``cli_args``.
+and ``mlx_lm.server.stream_generate`` (wrapped while :func:`main` runs),
+``ResponseGenerator._serve_single``'s call of ``LRUPromptCache.fetch_nearest_cache``,
+``mlx_lm.server.run`` (the name its command calls, replaced while :func:`main` runs),
+``mlx_lm.server._run_http_server`` (takes the handler class),
+``APIHandler.response_generator`` / ``generate_response`` / ``GenerationArguments.logits``
+and ``ModelProvider.tokenizer`` / ``cli_args``.
 """
 
 from __future__ import annotations
@@ -59,6 +67,43 @@ def _make_logits_processors_with_requests(args: Any) -> list[Any]:
 
 
 _ORIGINAL_MAKE_LOGITS_PROCESSORS = mlx_server._make_logits_processors
+
+
+class _CachedPrompt(list):  # type: ignore[type-arg]
+    """A prompt cache fetched for a request, and the prompt ids it holds."""
+
+    def __init__(self, cache: list[Any], tokens: list[int]) -> None:
+        super().__init__(cache)
+        self.tokens = tokens
+
+
+class PromptCacheNamingItsTokens(mlx_server.LRUPromptCache):  # type: ignore[misc]
+    """mlx-lm's prompt cache, whose fetched caches say which prompt ids they hold."""
+
+    def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[Any, list[int]]:
+        cache, rest = super().fetch_nearest_cache(model, tokens)
+        if cache is None:
+            return cache, rest
+        return _CachedPrompt(cache, list(tokens[: len(tokens) - len(rest)])), rest
+
+
+def _stream_generate_seeing_the_cache(*args: Any, **kwargs: Any) -> Any:
+    """mlx-lm's ``stream_generate`` for a request served alone, whose anylogits hooks are
+    given the prompt ids its cache holds (mlx-lm passes processors only the rest).
+
+    A vision prompt's cached ids name its images by negative ids, not their tokens:
+    there the hooks see the uncached part only, as mlx-lm's own processors do.
+    """
+    cached = getattr(kwargs.get("prompt_cache"), "tokens", [])
+    hooks = kwargs.get("logits_processors")
+    if cached and hooks and min(cached) >= 0:
+        kwargs["logits_processors"] = [
+            hook.after(cached) if isinstance(hook, MlxLogitsProcessor) else hook for hook in hooks
+        ]
+    return _ORIGINAL_STREAM_GENERATE(*args, **kwargs)
+
+
+_ORIGINAL_STREAM_GENERATE = mlx_server.stream_generate
 
 
 class _RequestGeneration:
@@ -200,7 +245,7 @@ def run(host: str, port: int, model_provider: Any, **_: Any) -> None:
     """mlx-lm's ``run``, serving with :class:`AnyLogitsHandler` (not distributed)."""
     if model_provider.cli_args.model is None:
         raise SystemExit("anylogits serve mlx needs --model: the processors are built for it")
-    prompt_cache = mlx_server.LRUPromptCache(model_provider.cli_args.prompt_cache_size)
+    prompt_cache = PromptCacheNamingItsTokens(model_provider.cli_args.prompt_cache_size)
     response_generator = mlx_server.ResponseGenerator(model_provider, prompt_cache)
     handler = handler_for(model_provider)
     mlx_server._run_http_server(host, port, response_generator, handler_class=handler)
@@ -209,12 +254,16 @@ def run(host: str, port: int, model_provider: Any, **_: Any) -> None:
 def main(argv: Sequence[str], prog: str = "anylogits serve mlx") -> int:
     """Run mlx-lm's server command with ``argv`` (its options), serving per-request
     anylogits processors."""
-    saved = (sys.argv, mlx_server.run, mlx_server._make_logits_processors)
+    names = ("run", "_make_logits_processors", "stream_generate")
+    saved_argv, saved = sys.argv, {name: getattr(mlx_server, name) for name in names}
     sys.argv = [prog, *argv]
     mlx_server.run = run
     mlx_server._make_logits_processors = _make_logits_processors_with_requests
+    mlx_server.stream_generate = _stream_generate_seeing_the_cache
     try:
         mlx_server.main()
     finally:
-        sys.argv, mlx_server.run, mlx_server._make_logits_processors = saved
+        sys.argv = saved_argv
+        for name, value in saved.items():
+            setattr(mlx_server, name, value)
     return 0
