@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,44 @@ def test_a_structured_processor_is_built_without_torch_compile() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert json.loads(result.stdout) == []
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--help"],
+        ["serve", "--help"],
+        ["check-spec", "--help"],
+        ["list", "--help"],
+        ["demo", "--help"],
+        ["cache", "--help"],
+        ["list"],
+    ],
+    ids=" ".join,
+)
+def test_the_command_answers_without_torch(arguments: list[str]) -> None:
+    # torch takes 1.5-3.5 s to import: --help and the catalogue's listing need none of it.
+    code = (
+        "import atexit, sys; "
+        "atexit.register(lambda: print(sorted(m for m in ('torch',) + "
+        f"{BACKENDS!r} if m in sys.modules), file=sys.stderr)); "
+        f"from anylogits.cli import main; sys.exit(main({arguments!r}))"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "ANYLOGITS_PLUGINS"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_import_anylogits_imports_nothing_until_a_name_is_used() -> None:
+    code = (
+        "import json, sys, anylogits; before = 'torch' in sys.modules; "
+        "anylogits.TopK; print(json.dumps([before, 'torch' in sys.modules]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout) == [False, True]

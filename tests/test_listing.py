@@ -14,7 +14,15 @@ import torch
 from test_registry import install_distribution
 
 import anylogits
-from anylogits.cli.listing import NOT_IN_MATRIX, catalogue_entries
+from anylogits.cli import listing
+from anylogits.cli.listing import (
+    NOT_IN_MATRIX,
+    PACKAGED_CATALOGUE,
+    catalogue_digest,
+    catalogue_entries,
+    packaged_types,
+    registered_types,
+)
 from anylogits.core import registry
 from anylogits.core.registry import registered_processors
 from anylogits.core.specs import constructor_parameters
@@ -82,7 +90,7 @@ def test_entries_are_the_registry_with_constructor_defaults() -> None:
             default = parameters[listed["name"]].default
             assert listed["required"] == (default is parameters[listed["name"]].empty)
             if not listed["required"]:
-                assert listed["default"] == default
+                assert listed["default"] == json.loads(json.dumps(default))  # a spec's form
 
 
 def test_list_text_shows_parameters_defaults_and_levels() -> None:
@@ -128,3 +136,47 @@ def test_version_names_anylogits_and_torch() -> None:
     result = run_cli("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"anylogits {anylogits.__version__} (torch {torch.__version__})"
+
+
+def test_the_packaged_catalogue_is_the_registry() -> None:
+    # `anylogits list` reads it instead of importing torch; were it stale (a processor
+    # changed), list would import the catalogue after all: this test names the fix.
+    packaged = json.loads((ROOT / "src" / "anylogits" / PACKAGED_CATALOGUE).read_text())
+    rewrite = "run: python -m anylogits.cli.listing --write"
+    assert packaged["digest"] == catalogue_digest(), rewrite
+    ours = [entry for entry in registered_types() if entry["origin"].startswith("anylogits.")]
+    assert packaged["types"] == ours, rewrite
+
+
+def test_list_answers_from_the_packaged_catalogue_without_torch() -> None:
+    env = child_environment()
+    env.pop("ANYLOGITS_PLUGINS", None)
+    code = (
+        "import sys; from anylogits.cli import main; code = main(['list', '--json']); "
+        "print('torch' in sys.modules, file=sys.stderr); sys.exit(code)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "False"
+    # What this process lists, less the test suite's own types.
+    registered = [e for e in catalogue_entries() if e["origin"].startswith("anylogits.")]
+    assert json.loads(result.stdout) == registered
+
+
+def test_a_plugin_or_a_changed_source_lists_from_the_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This process's own test types stand for none here, then for one.
+    monkeypatch.setattr(registry, "defined_elsewhere", lambda: [])
+    monkeypatch.delenv("ANYLOGITS_PLUGINS", raising=False)
+    assert packaged_types() is not None
+    monkeypatch.setenv("ANYLOGITS_PLUGINS", "json")
+    assert packaged_types() is None
+    monkeypatch.delenv("ANYLOGITS_PLUGINS")
+    monkeypatch.setattr(registry, "defined_elsewhere", lambda: ["mine"])
+    assert packaged_types() is None
+    monkeypatch.setattr(registry, "defined_elsewhere", lambda: [])
+    monkeypatch.setattr(listing, "catalogue_digest", lambda: "another digest")
+    assert packaged_types() is None

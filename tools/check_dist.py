@@ -40,6 +40,7 @@ FORBIDDEN_NAMES = frozenset({".coverage", "coverage.xml"})
 # Files of the package an installed copy needs (paths inside the package's folder).
 REQUIRED_PACKAGE_FILES = (
     "__init__.py",
+    "catalogue.json",
     "cli/__init__.py",
     "py.typed",
     "support_matrix.json",

@@ -132,8 +132,9 @@ def exported_processors() -> dict[str, list[str]]:
 
     modules: dict[str, list[str]] = {}
     for name in anylogits.__all__:
-        value = vars(anylogits).get(name)  # vars(): the factories are imported on access
-        module = getattr(value, "__module__", "")
+        if anylogits._LAZY[name].startswith("anylogits.adapters."):
+            continue  # a factory: getting it imports its backend
+        module = getattr(getattr(anylogits, name), "__module__", "")
         if module.startswith("anylogits.processors."):
             modules.setdefault(module, []).append(name)
     return modules

@@ -41,9 +41,6 @@ TOKEN_IDS_FIELD = "return_token_ids"
 """The request body's flag asking for the generated token ids (vLLM's name): a
 completion's choice then carries ``token_ids``."""
 
-ENGINES = ("llama-cpp", "mlx", "vllm")
-"""The engines ``anylogits serve`` starts a server of."""
-
 
 class Refused(ValueError):
     """A request the server answers with HTTP 400; the text is the error message."""

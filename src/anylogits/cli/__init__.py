@@ -6,14 +6,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
-def _version() -> str:
-    import torch
+class _Version(argparse.Action):
+    """``--version``: anylogits' version and torch's, torch imported only when asked."""
 
-    import anylogits
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the versions and exit")
 
-    return f"anylogits {anylogits.__version__} (torch {torch.__version__})"
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        import torch
+
+        import anylogits
+
+        print(f"anylogits {anylogits.__version__} (torch {torch.__version__})")
+        parser.exit()
 
 
 def _add_list(commands: argparse._SubParsersAction) -> None:
@@ -49,7 +57,7 @@ def _add_check_spec(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
-    from anylogits.serving import ENGINES
+    from anylogits.cli.serve import ENGINES
 
     commands.add_parser(
         "serve",
@@ -67,7 +75,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="anylogits", description=__doc__)
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",

@@ -1,19 +1,29 @@
 """``anylogits list``: every processor type a spec can name, its parameters, and which
-backends pass which conformance level (from the support matrix the package ships)."""
+backends pass which conformance level (from the support matrix the package ships).
+
+Without plugins, the catalogue's part comes from ``catalogue.json``, which the package
+ships beside the support matrix: the command then answers without importing torch. The
+file records a digest of the sources it was written from and is used only while they
+match (``python -m anylogits.cli.listing --write`` writes it again).
+"""
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import inspect
 import json
 import sys
 import textwrap
-from typing import Any
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from anylogits.core import registry
-from anylogits.core.processor import LogitsProcessor
-from anylogits.core.registry import registered_processors
-from anylogits.core.specs import constructor_parameters
 from anylogits.support import LEVEL_MEANINGS, cell_text, packaged_support_matrix
+
+if TYPE_CHECKING:
+    from anylogits.core.processor import LogitsProcessor
 
 NOT_IN_MATRIX = "not in the matrix"
 
@@ -33,7 +43,7 @@ def _parameter(name: str, parameter: inspect.Parameter) -> dict[str, Any]:
         json.dumps(parameter.default)
     except (TypeError, ValueError):
         return {"name": name, "required": False, "default_repr": repr(parameter.default)}
-    return {"name": name, "required": False, "default": parameter.default}
+    return {"name": name, "required": False, "default": json.loads(json.dumps(parameter.default))}
 
 
 def _origin(spec_name: str, cls: type[LogitsProcessor]) -> str:
@@ -41,6 +51,86 @@ def _origin(spec_name: str, cls: type[LogitsProcessor]) -> str:
     if declared:
         return registry.entry_point_origin(declared[0])
     return cls.__module__
+
+
+PACKAGED_CATALOGUE = "catalogue.json"
+# What a type's listing is made of, inside the package: the classes, how their parameters
+# are read, and this module.
+CATALOGUE_SOURCES = (
+    "processors",
+    "adapters/from_transformers.py",
+    "core/specs.py",
+    "cli/listing.py",
+)
+
+
+def catalogue_digest() -> str:
+    """A digest of the sources the catalogue's listing is made of."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for source in CATALOGUE_SOURCES:
+        path = package / source
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.relative_to(package).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _described(spec_name: str, cls: type[LogitsProcessor]) -> dict[str, Any]:
+    from anylogits.core.specs import constructor_parameters
+
+    return {
+        "spec_name": spec_name,
+        "class": cls.__name__,
+        "origin": _origin(spec_name, cls),
+        "summary": docstring_summary(cls),
+        "parameters": [
+            _parameter(name, parameter) for name, parameter in constructor_parameters(cls).items()
+        ],
+    }
+
+
+def registered_types() -> list[dict[str, Any]]:
+    """Every registered type a spec may name (plugins loaded), described."""
+    return [
+        _described(spec_name, cls)
+        for spec_name, cls in sorted(registry.registered_processors().items())
+        if registry.offered(spec_name)  # else its specs name an object of one process
+    ]
+
+
+def packaged_types() -> list[dict[str, Any]] | None:
+    """The catalogue's types as ``catalogue.json`` describes them, or ``None`` where that
+    is not the whole answer: a plugin may add types, or the sources changed since."""
+    if (
+        registry.listed_modules()
+        or registry.available_entry_points()
+        or registry.defined_elsewhere()
+    ):
+        return None
+    try:
+        text = resources.files("anylogits").joinpath(PACKAGED_CATALOGUE).read_text("utf-8")
+    except FileNotFoundError:
+        return None
+    packaged = json.loads(text)
+    if packaged["digest"] != catalogue_digest():
+        return None
+    types: list[dict[str, Any]] = packaged["types"]
+    return types
+
+
+def write_packaged_catalogue(path: Path) -> None:
+    """Write ``catalogue.json`` from the registered catalogue (no plugins)."""
+    registry.load_catalogue()
+    catalogue = {
+        "digest": catalogue_digest(),
+        "types": [
+            _described(name, cls)
+            for name, cls in sorted(registry.registered_processors().items())
+            if registry.offered(name) and name not in registry.defined_elsewhere()
+        ],
+    }
+    path.write_text(json.dumps(catalogue, indent=1, ensure_ascii=False) + "\n", "utf-8")
 
 
 def catalogue_entries(backend: str | None = None) -> list[dict[str, Any]]:
@@ -55,11 +145,10 @@ def catalogue_entries(backend: str | None = None) -> list[dict[str, Any]]:
             f"backend {backend!r} is not in the support matrix; its backends are {backends}"
         )
     wanted = backends if backend is None else [backend]
+    types = packaged_types()
     entries = []
-    for spec_name, cls in sorted(registered_processors().items()):
-        if not registry.offered(spec_name):
-            continue  # its specs name an object of one process: never written by hand
-        row = matrix["processors"].get(spec_name)
+    for described in types if types is not None else registered_types():
+        row = matrix["processors"].get(described["spec_name"])
         support = (
             {
                 name: {**row["support"][name], "text": cell_text(row["support"][name])}
@@ -68,19 +157,7 @@ def catalogue_entries(backend: str | None = None) -> list[dict[str, Any]]:
             if row is not None
             else None
         )
-        entries.append(
-            {
-                "spec_name": spec_name,
-                "class": cls.__name__,
-                "origin": _origin(spec_name, cls),
-                "summary": docstring_summary(cls),
-                "parameters": [
-                    _parameter(name, parameter)
-                    for name, parameter in constructor_parameters(cls).items()
-                ],
-                "support": support,
-            }
-        )
+        entries.append({**described, "support": support})
     return entries
 
 
@@ -132,3 +209,20 @@ def run_list(*, backend: str | None, as_json: bool) -> int:
     else:
         print(format_entries(entries, packaged_support_matrix()["levels"]), end="")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m anylogits.cli.listing",
+        description=f"Write {PACKAGED_CATALOGUE}, the catalogue anylogits list reads.",
+    )
+    parser.add_argument("--write", action="store_true", required=True)
+    parser.parse_args(argv)
+    path = Path(__file__).resolve().parent.parent / PACKAGED_CATALOGUE
+    write_packaged_catalogue(path)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

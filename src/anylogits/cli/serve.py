@@ -8,13 +8,11 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from anylogits.cli.demo.selection import install_command
 from anylogits.core.limits import ENVIRONMENT_VARIABLE as LIMITS_VARIABLE
 from anylogits.core.limits import limits
 from anylogits.core.logs import ENVIRONMENT_VARIABLE as LOG_LEVEL_VARIABLE
 from anylogits.core.logs import configure_logging
 from anylogits.core.registry import PLUGINS_VARIABLE, load_plugins
-from anylogits.serving import ENGINES
 
 VLLM_PROCESSOR_CLASS = "anylogits.adapters.vllm:AnyLogits"
 HELP_FLAGS = ("-h", "--help")
@@ -24,6 +22,7 @@ SERVERS = {
     "mlx": ("mlx-lm's server", "--model model-folder"),
     "vllm": ("vLLM's server, --logits-processors set", "--model model-folder"),
 }
+ENGINES = tuple(SERVERS)
 # What anylogits reads from a server's environment, and what for.
 SERVER_ENVIRONMENT = {
     LIMITS_VARIABLE: "what one request may cost: a JSON object of the limits to change, "
@@ -125,6 +124,8 @@ def serve(argv: Sequence[str]) -> int:
         else:
             from anylogits.adapters.mlx.server import main
     except ImportError as error:
+        from anylogits.cli.demo.selection import install_command
+
         install = install_command(engine.replace("-", "_"))
         print(f"anylogits serve {engine}: {error}; install it with {install}", file=sys.stderr)
         return 1

@@ -1,13 +1,43 @@
-"""The one implementation every adapter wraps: contract, batch, tracker, arrays, vocab."""
+"""The one implementation every adapter wraps: contract, batch, tracker, arrays, vocab.
 
-from anylogits.core.arrays import Converted, from_torch, to_torch
-from anylogits.core.batch import Batch
-from anylogits.core.pipeline import Pipeline
-from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
-from anylogits.core.registry import load_plugins
-from anylogits.core.specs import from_spec, to_specs
-from anylogits.core.tracker import SequenceNode, SequenceTracker
-from anylogits.core.vocab import Vocabulary
+Each name is imported from its module on first use, so that a module of this package
+that needs no torch (the registry, the limits) is imported without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from anylogits._lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from anylogits.core.arrays import Converted, from_torch, to_torch
+    from anylogits.core.batch import Batch
+    from anylogits.core.pipeline import Pipeline
+    from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
+    from anylogits.core.registry import load_plugins
+    from anylogits.core.specs import from_spec, to_specs
+    from anylogits.core.tracker import SequenceNode, SequenceTracker
+    from anylogits.core.vocab import Vocabulary
+
+_LAZY = {
+    "Batch": "anylogits.core.batch",
+    "Converted": "anylogits.core.arrays",
+    "LogitsProcessor": "anylogits.core.processor",
+    "Pipeline": "anylogits.core.pipeline",
+    "SequenceNode": "anylogits.core.tracker",
+    "SequenceTracker": "anylogits.core.tracker",
+    "StatefulLogitsProcessor": "anylogits.core.processor",
+    "Vocabulary": "anylogits.core.vocab",
+    "from_spec": "anylogits.core.specs",
+    "from_torch": "anylogits.core.arrays",
+    "load_plugins": "anylogits.core.registry",
+    "to_specs": "anylogits.core.specs",
+    "to_torch": "anylogits.core.arrays",
+}
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "Batch",

@@ -48,6 +48,28 @@ HOW_TO_ADD = (
 _REGISTRY: dict[str, type[LogitsProcessor]] = {}
 # Every processor class defined (what a plugin's entry point must load).
 _PROCESSOR_CLASSES: weakref.WeakSet[type[LogitsProcessor]] = weakref.WeakSet()
+# The modules whose classes are the catalogue: imported the first time a type is looked up
+# (``import anylogits`` imports no processor).
+_PACKAGE = "anylogits."
+CATALOGUE_MODULES = ("anylogits.processors", "anylogits.adapters.from_transformers")
+_catalogue_loaded = False
+
+
+def load_catalogue() -> None:
+    """Register the catalogue's types (once per process)."""
+    global _catalogue_loaded
+    if _catalogue_loaded:
+        return
+    with _lock:
+        if _catalogue_loaded:
+            return
+        _catalogue_loaded = True  # first: the catalogue's own classes register as they import
+        try:
+            for module in CATALOGUE_MODULES:
+                importlib.import_module(module)
+        except BaseException:
+            _catalogue_loaded = False
+            raise
 
 
 def register(cls: type[LogitsProcessor]) -> None:
@@ -57,6 +79,8 @@ def register(cls: type[LogitsProcessor]) -> None:
     name = cls.__dict__.get("spec_name")
     if name is None:
         return
+    if not cls.__module__.startswith(_PACKAGE):
+        load_catalogue()  # a plugin's name is checked against every catalogue type
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise TypeError(
             f"spec_name {name!r} of {cls.__qualname__} is already used by "
@@ -75,14 +99,23 @@ def _processor_class(value: object) -> type[LogitsProcessor] | None:
 
 def registered_type(name: str) -> type[LogitsProcessor] | None:
     """The class registered under ``name`` so far (plugins not loaded), or ``None``."""
+    load_catalogue()
     return _REGISTRY.get(name)
 
 
 def registered_processors() -> dict[str, type[LogitsProcessor]]:
     """Every processor class that has a ``spec_name``, by that name, plugins included
     (loads them all: ``ValueError`` when one fails, see :func:`anylogits.load_plugins`)."""
+    load_catalogue()
     load_plugins()
     return dict(_REGISTRY)
+
+
+def defined_elsewhere() -> list[str]:
+    """The types registered so far whose classes come from outside this package."""
+    return sorted(
+        name for name, cls in _REGISTRY.items() if not cls.__module__.startswith(_PACKAGE)
+    )
 
 
 _P = TypeVar("_P", bound="type[LogitsProcessor]")
@@ -103,12 +136,14 @@ def in_process_only(cls: _P) -> _P:
 
 def offered(spec_name: str) -> bool:
     """Whether a spec written by hand, or sent to a server, may name ``spec_name``."""
+    load_catalogue()
     return spec_name not in _IN_PROCESS_ONLY
 
 
 def processor_type(kind: Any) -> type[LogitsProcessor]:
     """The class a spec's ``"type"`` names, loading plugins the first time a type is not
     yet registered; ``ValueError`` saying the known types and plugins otherwise."""
+    load_catalogue()
     if isinstance(kind, str):
         cls = _REGISTRY.get(kind)
         if cls is not None:
@@ -139,7 +174,8 @@ _imported_modules: list[str] | None = None
 _modules_error: str | None = None
 
 
-def _listed_modules() -> list[str]:
+def listed_modules() -> list[str]:
+    """The modules ``ANYLOGITS_PLUGINS`` names."""
     value = os.environ.get(PLUGINS_VARIABLE, "")
     return [name.strip() for name in value.split(",") if name.strip()]
 
@@ -163,7 +199,7 @@ def import_plugin_modules() -> list[str]:
         if _imported_modules is not None:
             return list(_imported_modules)
         imported = []
-        listed = _listed_modules()
+        listed = listed_modules()
         if listed:
             _find_modules_in_working_directory()
         for name in listed:
