@@ -176,8 +176,16 @@ def test_engines_not_installed_are_listed_with_their_install_command(
 
 def test_long_steps_are_reported_on_stderr(demo: subprocess.CompletedProcess[str]) -> None:
     # Not a terminal here: a line when each step starts and one when it ends.
+    cases = len(verdicts(demo.stdout))
     for name in (name for name in BACKENDS if installed(name)):
         assert re.search(rf"^{name}: .* done in \d+\.\d s$", demo.stderr, re.MULTILINE), name
+        # Each case, as it ends: its verdict and its cost.
+        ended = re.findall(
+            rf"^{name} (\d+)/{cases} .*: (?:same|not compared|DIFFERS at \d+), .* \(\d+\.\d s\)$",
+            demo.stderr,
+            re.MULTILINE,
+        )
+        assert ended == [str(index) for index in range(1, cases + 1)], (name, demo.stderr)
 
 
 def test_an_engine_that_is_not_installed_is_an_error_naming_its_install_command() -> None:

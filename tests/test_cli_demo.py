@@ -14,7 +14,9 @@ import time
 import pytest
 
 from anylogits.cli.demo.cases import STOP, Case, demo_cases
+from anylogits.cli.demo.measure import SAME, Cell, timing_warning
 from anylogits.cli.demo.progress import step
+from anylogits.cli.demo.table import progress_text, render
 from anylogits.installation import pip_install
 
 
@@ -105,3 +107,41 @@ def test_off_the_cpu_the_watermark_is_not_compared_with_transformers_own() -> No
     assert on_cpu.job == {"watermarking_config": {"bias": 3.0}}
     assert on_cuda.job is None and "device's generator" in on_cuda.no_native
     assert on_cuda.outcome is not None  # its own tokens must still be detected
+
+
+def test_a_step_can_say_what_it_found_on_its_last_line() -> None:
+    stream = io.StringIO()
+    with step("transformers 2/10 TopK(5)", stream=stream) as progress:
+        progress.said = "same, 1.02x"
+    assert re.fullmatch(
+        r"transformers 2/10 TopK\(5\): same, 1\.02x \(\d+\.\d s\)",
+        stream.getvalue().splitlines()[-1],
+    )
+
+
+def timed(spread: float | None, ours: float = 1e-3) -> Cell:
+    return Cell([1], SAME, ours, 1e-3, None, None, spread)
+
+
+def test_timings_of_a_quiet_machine_carry_no_warning() -> None:
+    cells = [timed(0.05), timed(0.3), timed(0.1), timed(None)]
+    assert timing_warning(cells, load=1.0, cores=2) is None
+    assert timing_warning([timed(None)], load=8.0, cores=2) is None  # --rounds 0: no timings
+
+
+def test_runs_that_differ_or_a_busy_machine_are_a_warning() -> None:
+    noisy = timing_warning([timed(0.4), timed(0.35), timed(0.1)], load=None, cores=2)
+    assert noisy is not None and "differed by 35%" in noisy and "within about 35%" in noisy
+    busy = timing_warning([timed(0.05)], load=3.5, cores=2)
+    assert busy is not None and "load average up to 3.5 on 2 cores" in busy
+
+
+def test_the_warning_is_printed_under_the_table() -> None:
+    lines, _ = render([], ["transformers"], {}, [], lambda ids: "", warning="WARNING: busy")
+    assert lines[-3:] == ["WARNING: busy", "", "all engines agree with transformers"]
+
+
+def test_a_cell_s_progress_line_has_its_verdict_and_costs() -> None:
+    assert progress_text(timed(0.1, ours=2e-3)) == "same, 2.00 vs 1.00 ms/token native, 2.00x"
+    no_native = Cell([1], SAME, 2e-3, None, "json schema", None, 0.1)
+    assert progress_text(no_native) == "same, 2.00 ms/token, no native"

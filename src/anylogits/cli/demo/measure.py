@@ -40,6 +40,7 @@ class Cell:
     native: float | None  # ... through the engine's own parameters
     no_native: str | None  # the argument the engine has no parameter for
     outcome: Outcome | None = None  # what the engine's text means
+    spread: float | None = None  # how much slower its slowest timed run was than its best
 
 
 def references(
@@ -108,7 +109,7 @@ def measure(
     if case.compared is not None:
         tokens = case.compared(tokens, engine.vocabulary.eos_token_ids)
     no_native = None
-    times: dict[str, float] = {}
+    times: dict[str, list[float]] = {}
     if rounds:
         try:
             native()  # a warm-up, and whether the engine has the parameters at all
@@ -116,21 +117,52 @@ def measure(
             no_native = missing.argument
             del sides["native"]
         times = _seconds_per_token(sides, rounds)
+    best = {side: min(runs) for side, runs in times.items()}
+    spread = max((max(runs) / min(runs) - 1 for runs in times.values()), default=None)
     if case.sample and engine.name != "transformers":
         verdict = NOT_COMPARED
     else:
         verdict = SAME if tokens == reference.tokens else DIFFERS
     outcome = case.outcome(tokens, reference.without) if case.outcome else None
-    return Cell(tokens, verdict, times.get("ours"), times.get("native"), no_native, outcome)
+    return Cell(tokens, verdict, best.get("ours"), best.get("native"), no_native, outcome, spread)
 
 
-def _seconds_per_token(sides: dict[str, Callable[[], list[int]]], rounds: int) -> dict[str, float]:
-    """Best seconds per new token of each side, runs interleaved so that machine noise
-    hits both alike."""
-    best = dict.fromkeys(sides, float("inf"))
+def _seconds_per_token(
+    sides: dict[str, Callable[[], list[int]]], rounds: int
+) -> dict[str, list[float]]:
+    """Seconds per new token of each run of each side, runs interleaved so that machine
+    noise hits both alike (the best of each side counts)."""
+    runs: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side, run in sides.items():
             start = time.perf_counter()
             tokens = run()
-            best[side] = min(best[side], (time.perf_counter() - start) / max(len(tokens), 1))
-    return best
+            runs[side].append((time.perf_counter() - start) / max(len(tokens), 1))
+    return runs
+
+
+# Above either, the ratios of a run of the demo say more about the machine than about
+# the processors: the median case's slowest run this much slower than its best, or more
+# runnable threads than cores.
+NOISY_SPREAD = 0.2
+
+
+def timing_warning(cells: list[Cell], load: float | None, cores: int) -> str | None:
+    """What to tell the reader when the machine was too busy for the timings of
+    ``cells`` to mean much (``load``: the highest load average seen while timing), or
+    ``None``."""
+    spreads = sorted(cell.spread for cell in cells if cell.spread is not None)
+    if not spreads:
+        return None
+    median = spreads[len(spreads) // 2]
+    busy = load is not None and load > cores
+    if median <= NOISY_SPREAD and not busy:
+        return None
+    seen = f"the runs of the median case differed by {median:.0%}"
+    if load is not None:
+        seen += f"; load average up to {load:.1f} on {cores} cores"
+    return (
+        f"WARNING: the machine was busy while timing ({seen}): ratios within about "
+        f"{max(median, NOISY_SPREAD):.0%} of 1.00x are noise here. Rerun on an idle "
+        "machine to compare costs; the tokens are compared all the same."
+    )

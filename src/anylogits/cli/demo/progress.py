@@ -18,12 +18,20 @@ _FRAMES = "|/-\\"
 _CLEAR_TO_END = "\x1b[K"
 
 
+class Outcome:
+    """What a step found, said on its last line instead of "done" (set it in the block)."""
+
+    said: str | None = None
+
+
 @contextmanager
-def step(what: str, detail: str | None = None, stream: TextIO | None = None) -> Iterator[None]:
+def step(what: str, detail: str | None = None, stream: TextIO | None = None) -> Iterator[Outcome]:
     """Show that ``what`` (a short line) is under way while the block runs; ``detail``,
     printed once before it, says more (it may be longer than a terminal line, which a
-    spinner could not rewrite)."""
+    spinner could not rewrite). The block may set what it found on the :class:`Outcome`
+    it is given: the last line says it."""
     stream = stream or sys.stderr
+    found = Outcome()
     if detail:
         print(detail, file=stream, flush=True)
     start = time.perf_counter()
@@ -34,10 +42,13 @@ def step(what: str, detail: str | None = None, stream: TextIO | None = None) -> 
         spinner.start()
     outcome = "failed after"
     try:
-        yield
+        yield found
         outcome = "done in"
     finally:
-        line = f"{what}: {outcome} {time.perf_counter() - start:.1f} s"
+        seconds = time.perf_counter() - start
+        line = f"{what}: {outcome} {seconds:.1f} s"
+        if outcome == "done in" and found.said is not None:
+            line = f"{what}: {found.said} ({seconds:.1f} s)"
         if spinner is not None:
             spinner.stop()
             line = f"\r{line}{_CLEAR_TO_END}"

@@ -8,6 +8,7 @@ import gc
 import os
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +16,17 @@ from pathlib import Path
 import torch
 
 from anylogits.cli.demo.cases import STRUCTURED_INSTALL, Case, structured_available
-from anylogits.cli.demo.measure import ROUNDS, Cell, Reference, measure, references
+from anylogits.cli.demo.measure import (
+    ROUNDS,
+    Cell,
+    Reference,
+    measure,
+    references,
+    timing_warning,
+)
 from anylogits.cli.demo.progress import step
 from anylogits.cli.demo.selection import REFERENCE, DemoError, choose, demo_device
-from anylogits.cli.demo.table import render
+from anylogits.cli.demo.table import progress_text, render
 from anylogits.engines.backends import BACKENDS
 from anylogits.engines.generation import GenerationEngine, TransformersEngine
 
@@ -30,6 +38,7 @@ _LOADING = {
     "vllm": "starting vLLM on the {model} (about 30 s on a CPU)",
 }
 MODELS = {"real": "real model", "tiny": "tiny model"}
+_LABEL = 40  # characters of a case's label on its progress line
 # A chat message that invites repetition (the real model), and a prompt of ids (tiny).
 PROMPTS = {"real": "List three fruits, then list them again.", "tiny": "1 2 3 4 5 6 7 8 9 10 11 12"}
 
@@ -81,6 +90,7 @@ def run_demo(
             (case, reference, {}) for case, reference in cases
         ]
         errors: dict[str, str] = {}
+        loads: list[float] = []
         for name in engines:
             try:
                 _run_engine(
@@ -91,6 +101,7 @@ def run_demo(
                     rows,
                     MODELS[model],
                     rounds,
+                    loads,
                 )
             except Exception as error:  # an engine that fails must not hide the others
                 traceback.print_exc()
@@ -99,8 +110,16 @@ def run_demo(
     _print_header(
         reference_engine, model, model_dir, prompt, ids, max_new_tokens, engines, torch_device
     )
+    cells = [cell for _, _, by_engine in rows for cell in by_engine.values()]
+    warning = timing_warning(cells, max(loads, default=None), os.cpu_count() or 1)
     lines, failures = render(
-        rows, engines, errors, missing, reference_engine.tokenizer.decode, model == "real"
+        rows,
+        engines,
+        errors,
+        missing,
+        reference_engine.tokenizer.decode,
+        model == "real",
+        warning,
     )
     print("\n".join(lines))
     return 1 if failures else 0
@@ -175,8 +194,10 @@ def _run_engine(
     rows: list[tuple[Case, Reference, dict[str, Cell]]],
     model: str,
     rounds: int,
+    loads: list[float],
 ) -> None:
-    """Every case on engine ``name``, into ``rows``."""
+    """Every case on engine ``name``, into ``rows``, each said on stderr as it ends;
+    the load average after each case joins ``loads``."""
     if name == REFERENCE:
         engine: GenerationEngine = reference
     else:
@@ -187,9 +208,16 @@ def _run_engine(
             folder = scratch / name
             folder.mkdir()
             engine = BACKENDS[name].engine(model_dir, folder)
-    with step(f"{name}: {len(rows)} cases through anylogits and natively, timed"):
-        for case, expected, cells in rows:
+    start = time.perf_counter()
+    for index, (case, expected, cells) in enumerate(rows, 1):
+        label = case.label if len(case.label) <= _LABEL else case.label[: _LABEL - 1] + "…"
+        with step(f"{name} {index}/{len(rows)} {label}") as progress:
             cells[name] = measure(engine, case, expected, rounds)
+            progress.said = progress_text(cells[name])
+        if hasattr(os, "getloadavg"):
+            loads.append(os.getloadavg()[0])
+    seconds = time.perf_counter() - start
+    print(f"{name}: {len(rows)} cases, done in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def _print_header(

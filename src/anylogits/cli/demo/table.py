@@ -3,6 +3,7 @@ row per engine (its tokens through anylogits against the reference, and its cost
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 
 from anylogits.cli.demo.cases import Case
@@ -75,6 +76,18 @@ def _call(case: Case) -> str:
     return "generate(" + ", ".join(f"{name}={value}" for name, value in arguments.items()) + ")"
 
 
+def progress_text(cell: Cell) -> str:
+    """A case's cell on one engine as the demo's progress line says it."""
+    if cell.no_native is not None:
+        cost = f"{_ms(cell.ours)} ms/token, no native"
+    elif cell.ours is None:
+        cost = "not timed" if cell.native is None else f"{_ms(cell.native)} ms/token"
+    else:
+        ratio = f"{cell.ours / cell.native:.2f}x" if cell.native else "-"
+        cost = f"{_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {ratio}"
+    return f"{cell.verdict}, {cost}"
+
+
 def _row(engine: str, cell: Cell, reference: Reference, decode: Callable[[list[int]], str]) -> str:
     verdict = cell.verdict
     shown = ""
@@ -101,10 +114,12 @@ def render(
     missing: list[str],
     decode: Callable[[list[int]], str],
     chat: bool = True,
+    warning: str | None = None,
 ) -> tuple[list[str], int]:
     """The table's lines, and how many of its cells fail (a disagreement, a reference
     without effect, an outcome that does not hold, such as JSON that does not parse, an
-    engine that could not run); ``chat``: the prompts are chat messages."""
+    engine that could not run); ``chat``: the prompts are chat messages; ``warning``:
+    what the timings are worth, when the machine was busy."""
     lines = [
         f"  {'':<13} {'':<13} {'ms per new token':^26}",
         f"  {'engine':<13} {'tokens':<13} {'anylogits':>9} {'native':>9} {'ratio':>6}",
@@ -144,6 +159,8 @@ def render(
             lines.append(f"  {engine:<13} {install_command(engine)}")
             if engine in SERVE_COMMANDS:
                 lines.append(f"  {'':<13} then its own server: {SERVE_COMMANDS[engine]}")
+    if warning is not None:
+        lines += ["", *textwrap.wrap(warning, 88)]
     lines.append("")
     lines.append(AGREE if not failures else f"{failures} cell(s) fail: see above")
     return lines, failures
