@@ -452,3 +452,15 @@ def test_a_server_logs_each_compile_with_the_cache_counters() -> None:
     assert len(lines) == 1, run.stderr
     assert "anylogits INFO [anylogits.processors.structured.engine]" in lines[0]
     assert "compiled grammars: 1 entries" in lines[0] and "1 misses" in lines[0], lines[0]
+
+
+def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker() -> None:
+    from anylogits.processors.structured.guard import GUARD
+    from anylogits.processors.structured.warm import prepare_structured_in_background
+
+    vocab = Vocabulary(tokens=VOCAB.tokens, eos_token_ids=VOCAB.eos_token_ids)
+    prepare_structured_in_background(vocab).join(timeout=120)
+    built = ENGINE._tokenizers.get(vocab)
+    assert built is not None
+    assert ENGINE.tokenizer(vocab) is built  # what the first request gets: no second build
+    assert GUARD._process is not None and GUARD._process.poll() is None

@@ -66,3 +66,17 @@ def test_hf_vocabulary_is_cached_per_tokenizer_until_it_changes() -> None:
     tokenizer.add_tokens(["<brand-new-token>"])
     grown = hf_vocabulary(tokenizer)
     assert grown is not first and grown.size == first.size + 1
+
+
+def test_tokenizer_json_leaves_out_padding_and_truncation_and_keeps_the_tokenizer_s() -> None:
+    import json
+
+    tokenizer = build_tokenizer("llama-bpe")
+    plain = json.loads(Vocabulary.from_hf_tokenizer(tokenizer).tokenizer_json())
+    assert plain["padding"] is None and plain["truncation"] is None
+    backend = tokenizer.backend_tokenizer
+    backend.enable_padding(length=16)
+    backend.enable_truncation(max_length=8)
+    written = json.loads(Vocabulary.from_hf_tokenizer(tokenizer).tokenizer_json())
+    assert written == plain
+    assert backend.padding is not None and backend.truncation is not None

@@ -49,6 +49,7 @@ from anylogits.core.wire import (
     request_specs,
     validate_request,
 )
+from anylogits.processors.structured.warm import prepare_structured
 from anylogits.serving import REQUEST_FIELD, log_refusal
 
 try:  # the V2 runner's interface (vLLM >= 0.32)
@@ -94,12 +95,8 @@ def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     checking process) built too; runs in the background thread of
     :class:`~anylogits.adapters.vllm_requests.PrefetchedVocabulary`."""
     vocab = engine_vocabulary(vllm_config)
-    if vocab is not None and _STRUCTURED_AVAILABLE:
-        from anylogits.processors.structured.engine import ENGINE
-        from anylogits.processors.structured.guard import GUARD
-
-        ENGINE.tokenizer(vocab)
-        GUARD.warm()
+    if vocab is not None:
+        prepare_structured(vocab)
     return vocab
 
 

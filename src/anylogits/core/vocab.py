@@ -118,10 +118,13 @@ class Vocabulary:
 
         def tokenizer_json() -> str:
             # What llguidance.hf.from_tokenizer serializes: the Rust tokenizer, added
-            # tokens included, without the padding and truncation a caller may have set.
-            backend = copy.copy(live_tokenizer().backend_tokenizer)
-            backend.no_padding()
-            backend.no_truncation()
+            # tokens included, without the padding and truncation a caller may have set
+            # (removed from a copy, which costs more than serializing: only when set).
+            backend = live_tokenizer().backend_tokenizer
+            if backend.padding is not None or backend.truncation is not None:
+                backend = copy.copy(backend)
+                backend.no_padding()
+                backend.no_truncation()
             return str(backend.to_str())
 
         return cls(
@@ -157,12 +160,16 @@ def _piece_decoder(tokenizer: Any) -> Any:
     """A function mapping one vocabulary piece to its bytes, chosen by the decoder type."""
     decoder_types = _decoder_types(tokenizer)
     if "ByteLevel" in decoder_types:
-        table = _unicode_to_byte()
+        table = _ByteLevelTable(
+            {ord(character): chr(byte) for character, byte in _unicode_to_byte().items()}
+        )
 
         def byte_level(piece: str) -> bytes:
+            # Each character to the byte it stands for, as one latin-1 character: a
+            # character outside the table cannot be encoded, and the piece is UTF-8 text.
             try:
-                return bytes(table[ch] for ch in piece)
-            except KeyError:
+                return piece.translate(table).encode("latin-1")
+            except UnicodeEncodeError:
                 return piece.encode("utf-8")
 
         return byte_level
@@ -181,11 +188,23 @@ def _piece_decoder(tokenizer: Any) -> Any:
     return plain
 
 
+class _ByteLevelTable(dict):
+    """``str.translate``'s table of byte-level characters: any other character becomes
+    one that latin-1 cannot encode."""
+
+    def __missing__(self, key: int) -> str:
+        return "\uffff"
+
+
 def _decoder_types(tokenizer: Any) -> set[str]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    if backend is None or backend.decoder is None:
         return set()
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    try:
+        # The decoder alone: the whole tokenizer's JSON is megabytes at 128k tokens.
+        decoder = json.loads(backend.decoder.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
     found: set[str] = set()
     stack = [decoder]
     while stack:

@@ -43,6 +43,7 @@ from anylogits.adapters.llama_cpp.hook import (
 )
 from anylogits.adapters.llama_cpp.vocabulary import vocabulary_of
 from anylogits.core.vocab import Vocabulary
+from anylogits.processors.structured.warm import prepare_structured_in_background
 from anylogits.serving import Admitted, Refused, admit, error_body, log_refusal, with_token_ids
 
 logger = logging.getLogger(__name__)
@@ -264,7 +265,9 @@ def create_app(
         )
     llm = proxy()
     serve_requests(llm)
-    app.add_middleware(SpecAdmission, vocabulary=vocabulary_of(llm))
+    vocabulary = vocabulary_of(llm)
+    prepare_structured_in_background(vocabulary)
+    app.add_middleware(SpecAdmission, vocabulary=vocabulary)
     return app
 
 

@@ -46,6 +46,7 @@ import mlx_lm.server as mlx_server
 
 from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of
 from anylogits.core.vocab import Vocabulary
+from anylogits.processors.structured.warm import prepare_structured_in_background
 from anylogits.serving import Admitted, Refused, admit, error_body, log_refusal, with_token_ids
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
@@ -234,8 +235,10 @@ def handler_for(model_provider: Any) -> type[AnyLogitsHandler]:
             raise RuntimeError(f"the model was not loaded in {MODEL_LOAD_TIMEOUT_S:.0f} s")
         time.sleep(0.05)
     served = {DEFAULT_MODEL, model_provider.cli_args.model}
+    vocabulary = _vocabulary_of(model_provider.tokenizer)
+    prepare_structured_in_background(vocabulary)
     attributes = {
-        "vocabulary": _vocabulary_of(model_provider.tokenizer),
+        "vocabulary": vocabulary,
         "served_models": frozenset(name for name in served if name),
     }
     return type("AnyLogitsHandler", (AnyLogitsHandler,), attributes)
