@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -352,8 +353,19 @@ def build(session: nox.Session) -> None:
         specs.write_text('[{"type": "top_k", "top_k": 5}, {"type": "min_p", "min_p": 0.1}]')
         session.run(anylogits, "check-spec", str(specs), external=True, env=env)
         session.run(anylogits, "demo", external=True, env=env)
+        # An install hint, as an installed wheel prints it, run as printed: it names the
+        # wheel file (anylogits is not on the index yet), and the extra then works.
+        hint = session.run(python, "-c", PRINT_HINT, external=True, env=env, silent=True)
+        if hint is not None:  # None: --install-only
+            command = shlex.split(hint.strip().splitlines()[-1])
+            assert command[:2] == ["pip", "install"] and str(wheel) in command[-1], command
+            session.run(python, "-m", *command, external=True, env=env)
+            specs.write_text('[{"type": "regex", "pattern": "[0-9]{4}"}]')
+            session.run(anylogits, "check-spec", str(specs), external=True, env=env)
         session.chdir(ROOT)
 
+
+PRINT_HINT = "from anylogits.installation import pip_install; print(pip_install('structured'))"
 
 # Run by the wheel's virtualenv: anylogits must come from its site-packages.
 INSTALLED_FROM_VENV = """
