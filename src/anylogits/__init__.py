@@ -63,71 +63,6 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0.dev0"
 
-# Every public name lives in its own module and is imported on first access: `import
-# anylogits` costs nothing (the command answers --help without torch), and a backend
-# library is imported only when its factory is used.
-_CATALOGUE = "anylogits.processors"
-_LAZY = {
-    **{
-        name: _CATALOGUE
-        for name in (
-            "DRY",
-            "XTC",
-            "BadWords",
-            "Choice",
-            "CiteFromPrompt",
-            "EpsilonCutoff",
-            "EtaCutoff",
-            "ExponentialDecayLength",
-            "ForceLastPhrase",
-            "ForceSequence",
-            "FrequencyPenalty",
-            "GenLength",
-            "Grammar",
-            "JSONSchema",
-            "LogitBias",
-            "MinNewTokens",
-            "MinP",
-            "MultipleChoice",
-            "NoRepeatNGram",
-            "PresencePenalty",
-            "Regex",
-            "RepetitionPenalty",
-            "SequenceBias",
-            "StopStrings",
-            "SuppressTokens",
-            "Temperature",
-            "TopH",
-            "TopK",
-            "TopNSigma",
-            "TopP",
-            "TriggerPhrase",
-            "TypicalP",
-            "Watermark",
-        )
-    },
-    "Batch": "anylogits.core.batch",
-    "LogitsProcessor": "anylogits.core.processor",
-    "Pipeline": "anylogits.core.pipeline",
-    "StatefulLogitsProcessor": "anylogits.core.processor",
-    "Vocabulary": "anylogits.core.vocab",
-    "WatermarkDetection": "anylogits.processors.watermark_detection",
-    "detect_watermark": "anylogits.processors.watermark_detection",
-    "for_llama_cpp": "anylogits.adapters.llama_cpp",
-    "for_mlx": "anylogits.adapters.mlx",
-    "for_transformers": "anylogits.adapters.transformers",
-    "for_vllm": "anylogits.adapters.vllm",
-    "from_spec": "anylogits.core.specs",
-    "from_transformers": "anylogits.adapters.from_transformers",
-    "load_plugins": "anylogits.core.registry",
-    "to_specs": "anylogits.core.specs",
-    "vllm_processor_class": "anylogits.adapters.vllm",
-    "vllm_xargs": "anylogits.core.wire",
-}
-
-
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
-
 __all__ = [
     "DRY",
     "XTC",
@@ -180,3 +115,29 @@ __all__ = [
     "vllm_processor_class",
     "vllm_xargs",
 ]
+
+# Every public name lives in its own module and is imported on first access: `import
+# anylogits` costs nothing (the command answers --help without torch), and a backend
+# library is imported only when its factory is used. The names not listed here are the
+# catalogue's, from anylogits.processors.
+_MODULES = {
+    "Batch": "anylogits.core.batch",
+    "LogitsProcessor": "anylogits.core.processor",
+    "Pipeline": "anylogits.core.pipeline",
+    "StatefulLogitsProcessor": "anylogits.core.processor",
+    "Vocabulary": "anylogits.core.vocab",
+    "WatermarkDetection": "anylogits.processors.watermark_detection",
+    "detect_watermark": "anylogits.processors.watermark_detection",
+    "for_llama_cpp": "anylogits.adapters.llama_cpp",
+    "for_mlx": "anylogits.adapters.mlx",
+    "for_transformers": "anylogits.adapters.transformers",
+    "for_vllm": "anylogits.adapters.vllm",
+    "from_spec": "anylogits.core.specs",
+    "from_transformers": "anylogits.adapters.from_transformers",
+    "load_plugins": "anylogits.core.registry",
+    "to_specs": "anylogits.core.specs",
+    "vllm_processor_class": "anylogits.adapters.vllm",
+    "vllm_xargs": "anylogits.core.wire",
+}
+_LAZY = {name: _MODULES.get(name, "anylogits.processors") for name in __all__}
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
