@@ -26,7 +26,6 @@ the processing is the neutral :class:`anylogits.core.persistent_batch.Persistent
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +48,7 @@ from anylogits.core.wire import (
     request_specs,
     validate_request,
 )
-from anylogits.processors.structured.warm import prepare_structured
+from anylogits.processors.structured.warm import llguidance_installed, prepare_structured
 from anylogits.serving import REQUEST_FIELD, log_refusal
 
 try:  # the V2 runner's interface (vLLM >= 0.32)
@@ -86,7 +85,7 @@ def engine_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:
     return hf_vocabulary(tokenizer, eos_token_ids=sorted(eos))
 
 
-_STRUCTURED_AVAILABLE = importlib.util.find_spec("llguidance") is not None
+_STRUCTURED_AVAILABLE = llguidance_installed()
 
 
 def _prepared_vocabulary(vllm_config: VllmConfig) -> Vocabulary | None:

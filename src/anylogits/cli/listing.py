@@ -121,15 +121,9 @@ def packaged_types() -> list[dict[str, Any]] | None:
 
 def write_packaged_catalogue(path: Path) -> None:
     """Write ``catalogue.json`` from the registered catalogue (no plugins)."""
-    registry.load_catalogue()
-    catalogue = {
-        "digest": catalogue_digest(),
-        "types": [
-            _described(name, cls)
-            for name, cls in sorted(registry.registered_processors().items())
-            if registry.offered(name) and name not in registry.defined_elsewhere()
-        ],
-    }
+    elsewhere = registry.defined_elsewhere()
+    types = [entry for entry in registered_types() if entry["spec_name"] not in elsewhere]
+    catalogue = {"digest": catalogue_digest(), "types": types}
     path.write_text(json.dumps(catalogue, indent=1, ensure_ascii=False) + "\n", "utf-8")
 
 

@@ -55,6 +55,10 @@ CATALOGUE_MODULES = ("anylogits.processors", "anylogits.adapters.from_transforme
 _catalogue_loaded = False
 
 
+def _defined_outside_the_package(cls: type[LogitsProcessor]) -> bool:
+    return not cls.__module__.startswith(_PACKAGE)
+
+
 def load_catalogue() -> None:
     """Register the catalogue's types (once per process)."""
     global _catalogue_loaded
@@ -79,7 +83,7 @@ def register(cls: type[LogitsProcessor]) -> None:
     name = cls.__dict__.get("spec_name")
     if name is None:
         return
-    if not cls.__module__.startswith(_PACKAGE):
+    if _defined_outside_the_package(cls):
         load_catalogue()  # a plugin's name is checked against every catalogue type
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise TypeError(
@@ -113,9 +117,7 @@ def registered_processors() -> dict[str, type[LogitsProcessor]]:
 
 def defined_elsewhere() -> list[str]:
     """The types registered so far whose classes come from outside this package."""
-    return sorted(
-        name for name, cls in _REGISTRY.items() if not cls.__module__.startswith(_PACKAGE)
-    )
+    return sorted(name for name, cls in _REGISTRY.items() if _defined_outside_the_package(cls))
 
 
 _P = TypeVar("_P", bound="type[LogitsProcessor]")

@@ -4,7 +4,6 @@ translated from, see :mod:`anylogits.engines.native`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from collections.abc import Callable, Collection
@@ -26,6 +25,7 @@ from anylogits import (
 )
 from anylogits.engines.native import CHAIN, Job, chain_processors_in_generate_order
 from anylogits.installation import pip_install
+from anylogits.processors.structured.warm import llguidance_installed
 
 SEED = 0  # of every sampled run
 
@@ -172,7 +172,7 @@ def _structured_cases(text: Callable[[Tokens], str], trained: bool) -> list[Case
 def structured_available() -> bool:
     """Whether the JSON schema and regex cases can run (their engine, llguidance, is
     installed: the ``structured`` extra, which the README's first command does not add)."""
-    return importlib.util.find_spec("llguidance") is not None
+    return llguidance_installed()
 
 
 def _stop_case(plain: Tokens, text: Callable[[Tokens], str], tokenizer: Any, trained: bool) -> Case:

@@ -11,11 +11,17 @@ from anylogits.core.vocab import Vocabulary
 logger = logging.getLogger("anylogits")
 
 
+def llguidance_installed() -> bool:
+    """Whether structured generation's engine, llguidance (the ``structured`` extra), is
+    installed."""
+    return importlib.util.find_spec("llguidance") is not None
+
+
 def prepare_structured(vocab: Vocabulary) -> None:
     """Build now what a process's first structured request would otherwise wait for:
     llguidance's tokenizer for ``vocab`` (about 1 s at 128k tokens) and the grammar
     checking process. Nothing where llguidance is not installed."""
-    if importlib.util.find_spec("llguidance") is None:
+    if not llguidance_installed():
         return
     from anylogits.processors.structured.engine import ENGINE
     from anylogits.processors.structured.guard import GUARD
