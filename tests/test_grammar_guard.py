@@ -8,6 +8,8 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -15,7 +17,7 @@ pytest.importorskip("llguidance")
 
 from anylogits import from_spec
 from anylogits.core.limits import override
-from anylogits.processors.structured.guard import GUARD
+from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed, GuardedValidator
 from test_support import child_environment
 from test_support.hostile import largest_alternatives_grammar
 
@@ -66,6 +68,62 @@ def test_the_checker_is_one_long_lived_process() -> None:
     for count in range(3, 8):
         Regex(f"b{{{count}}}")
     assert GUARD._process is process and process is not None and process.poll() is None
+
+
+def test_the_checker_outlives_the_threads_that_use_it() -> None:
+    """Linux kills a child whose parent-death signal is set when the *thread* that started
+    it ends. A server warms the checker in a background thread and checks each request's
+    grammar in that request's thread: a checker started there died when the thread
+    ended, under the next request's check, which read the death as a grammar over the
+    memory budget (a spurious, remembered HTTP 400 on mlx-lm's server in CI)."""
+    validator = GuardedValidator()
+    try:
+        warming = threading.Thread(target=validator.warm)
+        warming.start()
+        warming.join()
+        started = validator._process
+        assert started is not None
+        request = threading.Thread(target=validator.validate, args=('start: "a"', {}))
+        request.start()
+        request.join()
+        with pytest.raises(subprocess.TimeoutExpired):
+            started.wait(timeout=1)
+        assert validator.validate('start: "b"', {}) is None
+        assert validator._process is started
+    finally:
+        validator.close()
+
+
+class _KilledFromOutside(GuardedValidator):
+    """A checker SIGKILLed (the OOM killer, an operator) after it is handed out."""
+
+    def __init__(self, kills: int) -> None:
+        super().__init__()
+        self.kills = kills
+
+    def _running(self, budget: int) -> subprocess.Popen[bytes]:
+        process = super()._running(budget)
+        if self.kills:
+            self.kills -= 1
+            process.kill()
+            time.sleep(0.2)
+        return process
+
+
+def test_a_checker_killed_from_outside_is_not_the_grammars_fault() -> None:
+    once = _KilledFromOutside(kills=1)
+    try:
+        assert once.validate('start: "a"', {}) is None  # checked again, by a new checker
+    finally:
+        once.close()
+    twice = _KilledFromOutside(kills=2)
+    try:
+        with pytest.raises(GrammarCheckFailed, match="killed twice") as raised:
+            twice.validate('start: "a"', {})
+        assert raised.value.transient
+        assert "anylogits limit" not in str(raised.value)
+    finally:
+        twice.close()
 
 
 def test_an_invalid_grammar_is_the_engines_error_not_a_budget() -> None:

@@ -18,12 +18,14 @@ import atexit
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from anylogits.core.limits import ENVIRONMENT_VARIABLE, limits
+from anylogits.core.limits import ENVIRONMENT_VARIABLE, Limits, limits
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -31,7 +33,7 @@ STARTUP_TIMEOUT_S = 60.0
 # address space once llguidance is loaded and warm, so the budget is what a grammar adds.
 _CHILD = r"""
 import ctypes, json, resource, signal, sys
-try:  # die with the parent, even when it is killed
+try:  # die with the parent, even when it is killed (the thread that started it, to Linux)
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 except Exception:
     pass
@@ -128,6 +130,7 @@ class GuardedValidator:
         self._process: subprocess.Popen[bytes] | None = None
         self._budget = 0
         self._warming = False
+        self._starter: ThreadPoolExecutor | None = None
 
     def validate(self, grammar: str, budget: dict[str, int]) -> str | None:
         """llguidance's error for ``grammar`` under ``budget`` (``None`` if it compiles).
@@ -136,6 +139,46 @@ class GuardedValidator:
             GrammarCheckFailed: the validation needed more memory or time than allowed.
         """
         current = limits()
+        for _ in range(2):
+            outcome = self._ask(grammar, budget, current)
+            if not isinstance(outcome, int):
+                break
+            if outcome != -signal.SIGKILL:
+                # Its own death: an allocation over the address-space cap aborts llguidance.
+                raise GrammarCheckFailed(
+                    f"the grammar needs more than {current.grammar_check_mb} MB to compile "
+                    f"(anylogits limit 'grammar_check_mb'; raise it with {ENVIRONMENT_VARIABLE}="
+                    "'{\"grammar_check_mb\": N}')"
+                )
+            # Killed from outside (the kernel's OOM killer, an operator): not the
+            # grammar's doing; once more, with a new checker.
+        else:
+            raise GrammarCheckFailed(
+                "the grammar checking process was killed twice while checking this grammar "
+                "(SIGKILL, not a limit of the grammar's: the machine may be out of memory); "
+                "send it again",
+                transient=True,
+            )
+        if outcome is _OVER_BUDGET:
+            raise GrammarCheckFailed(
+                f"the grammar takes more than {current.grammar_check_ms} ms of CPU time to "
+                f"compile (anylogits limit 'grammar_check_ms'; raise it with "
+                f"{ENVIRONMENT_VARIABLE}='{{\"grammar_check_ms\": N}}')"
+            )
+        if outcome is _STARVED:
+            raise GrammarCheckFailed(
+                f"the grammar check got less than {current.grammar_check_ms} ms of CPU time in "
+                f"{STARVED_AFTER_S:.0f} s: this machine is overloaded (not a limit of the "
+                "grammar's); send it again",
+                transient=True,
+            )
+        assert isinstance(outcome, tuple)
+        return outcome[0]
+
+    def _ask(self, grammar: str, budget: dict[str, int], current: Limits) -> object:
+        """The checker's verdict as ``(error,)``; :data:`_OVER_BUDGET` or :data:`_STARVED`
+        (the checker replaced); or the exit status of a checker that died without
+        answering."""
         with self._lock:
             process = self._running(current.grammar_check_mb << 20)
             assert process.stdin is not None and process.stdout is not None
@@ -148,26 +191,9 @@ class GuardedValidator:
             except (BrokenPipeError, OSError):
                 line = b""
             if isinstance(line, bytes) and line.endswith(b"\n"):
-                return json.loads(line)["error"]
+                return (json.loads(line)["error"],)
             self._stop()
-        if line is _OVER_BUDGET:
-            raise GrammarCheckFailed(
-                f"the grammar takes more than {current.grammar_check_ms} ms of CPU time to "
-                f"compile (anylogits limit 'grammar_check_ms'; raise it with "
-                f"{ENVIRONMENT_VARIABLE}='{{\"grammar_check_ms\": N}}')"
-            )
-        if line is _STARVED:
-            raise GrammarCheckFailed(
-                f"the grammar check got less than {current.grammar_check_ms} ms of CPU time in "
-                f"{STARVED_AFTER_S:.0f} s: this machine is overloaded (not a limit of the "
-                "grammar's); send it again",
-                transient=True,
-            )
-        raise GrammarCheckFailed(
-            f"the grammar needs more than {current.grammar_check_mb} MB to compile (anylogits "
-            f"limit 'grammar_check_mb'; raise it with {ENVIRONMENT_VARIABLE}="
-            "'{\"grammar_check_mb\": N}')"
-        )
+            return process.returncode if isinstance(line, bytes) else line
 
     def warm(self) -> None:
         """Start the checking process now, so that the first structured request
@@ -187,7 +213,13 @@ class GuardedValidator:
         ):
             self._stop()
         if self._process is None:
-            self._process = self._start(budget)
+            # Linux kills the checker when the *thread* that started it ends (its
+            # parent-death signal): started from a server's request thread or a warming
+            # thread, it would die in the middle of another thread's check. One thread
+            # that lasts as long as the process starts them all.
+            if self._starter is None:
+                self._starter = ThreadPoolExecutor(1, thread_name_prefix="anylogits-grammar-check")
+            self._process = self._starter.submit(self._start, budget).result()
             self._budget = budget
         return self._process
 
@@ -227,7 +259,10 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     process.wait()
     for pipe in (process.stdin, process.stdout):
         if pipe is not None:
-            pipe.close()
+            try:
+                pipe.close()
+            except OSError:  # a request still buffered for a checker that died
+                pass
 
 
 GUARD = GuardedValidator()
