@@ -15,6 +15,7 @@ replaced, and the process that asked (a server's frontend, an engine) is untouch
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -259,10 +260,9 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     process.wait()
     for pipe in (process.stdin, process.stdout):
         if pipe is not None:
-            try:
+            # A request may still be buffered for a checker that died.
+            with contextlib.suppress(OSError):
                 pipe.close()
-            except OSError:  # a request still buffered for a checker that died
-                pass
 
 
 GUARD = GuardedValidator()
