@@ -13,7 +13,6 @@ serves the same tokens, and its log has no ``EngineDeadError`` and no traceback.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import statistics
 import sys
@@ -38,6 +37,7 @@ from test_support.hostile import (  # noqa: E402
     STRUCTURED,
     largest_alternatives_grammar,
     nested,
+    never_seen,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -250,16 +250,12 @@ AT_LIMIT = _at_limit()
 # measured 1.7x and 3.4x on two runs of the same code); a stall is not, and shows in
 # every try, each with a grammar never seen (validated and compiled again).
 STALL_TRIES = 3
-_tries = itertools.count()
 
 
 def _never_seen(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``specs`` with each grammar given an unused rule of its own: the server remembers
-    a grammar's verdict and compiled form by its text."""
+    """``specs`` with each grammar one the server has not seen."""
     return [
-        {**spec, "grammar": f'{spec["grammar"]}\nunused{next(_tries)}: "u"\n'}
-        if spec["type"] == "grammar"
-        else spec
+        {**spec, "grammar": never_seen(spec["grammar"])} if spec["type"] == "grammar" else spec
         for spec in specs
     ]
 

@@ -8,6 +8,7 @@ past its limit.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -284,6 +285,15 @@ def largest_alternatives_grammar() -> str:
     while len(alternatives_grammar(count)) > limits().grammar_chars:
         count -= 1
     return alternatives_grammar(count)
+
+
+_never_seen_rules = itertools.count()
+
+
+def never_seen(grammar: str) -> str:
+    """``grammar`` with an unused rule of its own: a process remembers a grammar's
+    verdict and compiled form by its text, so this one is checked and compiled anew."""
+    return f'{grammar}\nunused{next(_never_seen_rules)}: "u"\n'
 
 
 def nested(depth: int) -> str:

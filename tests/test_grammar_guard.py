@@ -19,7 +19,7 @@ from anylogits import from_spec
 from anylogits.core.limits import override
 from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed, GuardedValidator
 from test_support import child_environment
-from test_support.hostile import largest_alternatives_grammar
+from test_support.hostile import largest_alternatives_grammar, never_seen
 
 _unique = itertools.count()
 
@@ -33,21 +33,16 @@ def Regex(pattern: str) -> object:
     return from_spec({"type": "regex", "pattern": pattern})
 
 
-def _fresh(grammar: str) -> str:
-    """``grammar`` with a rule of its own: checks are remembered per text."""
-    return f'{grammar}\nunused{next(_unique)}: "u"\n'
-
-
 def test_a_grammar_over_the_memory_budget_is_refused_and_the_checker_replaced() -> None:
     big = largest_alternatives_grammar()
-    Grammar(_fresh(big))
+    Grammar(never_seen(big))
     first = GUARD._process
     with override(grammar_check_mb=1), pytest.raises(ValueError) as raised:
-        Grammar(_fresh(big))
+        Grammar(never_seen(big))
     assert "needs more than 1 MB to compile (anylogits limit 'grammar_check_mb'" in str(
         raised.value
     )
-    Grammar(_fresh(big))  # a new checker, under the default budget
+    Grammar(never_seen(big))  # a new checker, under the default budget
     assert GUARD._process is not None and GUARD._process is not first
     assert GUARD._process.poll() is None
 
@@ -55,7 +50,7 @@ def test_a_grammar_over_the_memory_budget_is_refused_and_the_checker_replaced() 
 def test_a_grammar_over_the_time_budget_is_refused() -> None:
     big = largest_alternatives_grammar()
     with override(grammar_check_ms=1), pytest.raises(ValueError) as raised:
-        Grammar(_fresh(big))
+        Grammar(never_seen(big))
     assert "takes more than 1 ms of CPU time to compile (anylogits limit 'grammar_check_ms'" in (
         str(raised.value)
     )
@@ -128,7 +123,7 @@ def test_a_checker_killed_from_outside_is_not_the_grammars_fault() -> None:
 
 def test_an_invalid_grammar_is_the_engines_error_not_a_budget() -> None:
     with pytest.raises(ValueError, match="does not compile") as raised:
-        Grammar(_fresh("start: missing_rule"))
+        Grammar(never_seen("start: missing_rule"))
     assert "anylogits limit" not in str(raised.value)
 
 
@@ -159,7 +154,7 @@ os.sched_setaffinity(0, {0})
 from anylogits import from_spec
 from anylogits.core.limits import override
 from anylogits.processors.structured.guard import GUARD, _cpu_seconds
-from test_support.hostile import largest_alternatives_grammar
+from test_support.hostile import largest_alternatives_grammar, never_seen
 
 big = largest_alternatives_grammar()
 GUARD.warm()

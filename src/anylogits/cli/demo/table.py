@@ -76,6 +76,11 @@ def _call(case: Case) -> str:
     return "generate(" + ", ".join(f"{name}={value}" for name, value in arguments.items()) + ")"
 
 
+def _ratio(cell: Cell) -> str:
+    """Our cost over the engine's own, where both were timed."""
+    return f"{cell.ours / cell.native:.2f}x" if cell.ours is not None and cell.native else "-"
+
+
 def progress_text(cell: Cell) -> str:
     """A case's cell on one engine as the demo's progress line says it."""
     if cell.no_native is not None:
@@ -83,8 +88,7 @@ def progress_text(cell: Cell) -> str:
     elif cell.ours is None:
         cost = "not timed" if cell.native is None else f"{_ms(cell.native)} ms/token"
     else:
-        ratio = f"{cell.ours / cell.native:.2f}x" if cell.native else "-"
-        cost = f"{_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {ratio}"
+        cost = f"{_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {_ratio(cell)}"
     return f"{cell.verdict}, {cost}"
 
 
@@ -102,8 +106,7 @@ def _row(engine: str, cell: Cell, reference: Reference, decode: Callable[[list[i
     elif cell.ours is None:
         cost = f"{'-':>9} {_ms(cell.native):>9}"
     else:
-        ratio = f"{cell.ours / cell.native:.2f}x" if cell.native else "-"
-        cost = f"{_ms(cell.ours):>9} {_ms(cell.native):>9} {ratio:>6}"
+        cost = f"{_ms(cell.ours):>9} {_ms(cell.native):>9} {_ratio(cell):>6}"
     return f"  {engine:<13} {verdict:<13} {cost}{shown}"
 
 
