@@ -51,6 +51,7 @@ def test_hook_step_on_a_device_copies_without_blocking(backend, name: str) -> No
     budget, reason = expected_device_reads(name, build(name), layout)
     for index, transfers in enumerate(steps[WARM_UP:], start=WARM_UP):
         where = f"{name} on {backend.name}, call {index}: {transfers.summary()}"
+        assert not transfers.unclassified, f"unclassified device operations: {where}"
         assert transfers.blocking_copies == 0, f"blocking copies: {where} at {transfers.where}"
         # A processor reads only on the calls where its state needs a decision (the
         # exact counts per case: tests/test_device_copies.py).

@@ -21,6 +21,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +43,7 @@ from anylogits.adapters.vllm import (  # noqa: E402
     vllm_processor_class,
 )
 from test_support.catalogue import PROCESSOR_SPECS, build  # noqa: E402
+from test_support.device_budget import V2_READS  # noqa: E402
 
 pytestmark = pytest.mark.only_backend("vllm")
 
@@ -216,6 +218,7 @@ class V2Engine:
         resumed = draw(st.lists(st.integers(0, 7), max_size=3))  # outputs before preemption
         tokens = prompt + resumed
         self.prompt_len.np[slot] = len(prompt)
+        self.states.prefill_len.np[slot] = len(tokens)
         self.states.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens)
         self.states.total_len.gpu[slot] = len(tokens)
         wants = self.processor.add_request(slot, params(spec_set))
@@ -227,15 +230,20 @@ class V2Engine:
         order = draw(st.permutations(sorted(self.active)))
         slots, offsets, inputs, histories = [], [], [], []
         drafts_of: dict[int, list[int]] = {}
+        bounds = []
         for slot in order:
             committed = self.committed(slot)
             drafts = draw(st.lists(st.integers(0, 7), max_size=2))
-            drafts_of[slot] = drafts
+            # A request still in its prefill: vLLM feeds placeholders (-1) as its drafts,
+            # and rejects them; its rows see the committed tokens only.
+            placeholder = bool(drafts) and draw(st.booleans())
+            drafts_of[slot] = [] if placeholder else drafts
+            bounds.append(len(committed) + len(drafts))
             for p in range(len(drafts) + 1):
                 slots.append(slot)
                 offsets.append(p)
-                inputs.append(committed[-1] if p == 0 else drafts[p - 1])
-                histories.append(committed + drafts[:p])
+                inputs.append(committed[-1] if p == 0 else -1 if placeholder else drafts[p - 1])
+                histories.append(committed + drafts_of[slot][:p])
         logits = torch.randn(len(slots), VOCAB, generator=generator)
         expected = torch.stack(
             [
@@ -249,9 +257,14 @@ class V2Engine:
             idx_mapping_np=torch.tensor(order, dtype=torch.int32).numpy(),
             expanded_local_pos=torch.tensor(offsets, dtype=torch.int32),
             input_ids=torch.tensor(inputs, dtype=torch.int32),
-            pos=torch.tensor([len(h) - 1 for h in histories], dtype=torch.int32),
-            seq_lens_upper_bound_np=torch.tensor([len(h) for h in histories]).numpy(),
+            pos=torch.tensor(
+                [len(self.committed(s)) - 1 + p for s, p in zip(slots, offsets, strict=True)],
+                dtype=torch.int32,
+            ),
+            seq_lens_upper_bound_np=np.array(bounds, dtype=np.int32),
         )
+        if draw(st.booleans()):  # vLLM calls it every step; an older caller may not
+            self.processor.apply_staged_writes()
         actual = self.processor.apply(logits.clone(), ctx)
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
         # Accept a prefix of each request's drafts plus one sampled token.
@@ -382,11 +395,16 @@ def test_the_unreleased_first_class_names_are_gone() -> None:
 
 
 def _v2_step_on_device(
-    spec_sets: list[list[str]], drafts: list[list[int]], steps: int = 3
-) -> list[tuple[int, int]]:
+    spec_sets: list[list[str]],
+    drafts: list[list[int]],
+    steps: int = 3,
+    placeholders: frozenset[int] = frozenset(),
+) -> list[tuple[int, int, int]]:
     """AnyLogitsV2Runner with the runner's buffers and the step's LogitsContext on an
     emulated device (test_support.emulated_device), each result checked against the core
-    oracle: ``(blocking host->device copies, device reads)`` of each step's ``apply``."""
+    oracle: ``(blocking host->device copies, device reads, event waits)`` of each step's
+    ``apply``, after ``apply_staged_writes`` as vLLM calls it before the forward. The slots
+    in ``placeholders`` are in prefill: vLLM feeds -1 as their drafts."""
     from test_support.emulated_device import EmulatedDevice, host_values, on_device
 
     slots, max_len = len(spec_sets), 64
@@ -398,19 +416,22 @@ def _v2_step_on_device(
         tokens = on_device(torch.zeros(slots, max_len, dtype=torch.int32))
         total = on_device(torch.zeros(slots, dtype=torch.int32))
         prompt_len = SimpleNamespace(np=torch.zeros(slots, dtype=torch.int32).numpy())
+        prefill_len = SimpleNamespace(np=torch.zeros(slots, dtype=torch.int32).numpy())
         states = V2_INTERFACE.LogitsProcRequestState(
             device=device.device,
             max_num_reqs=slots,
             vocab_size=VOCAB,
             all_token_ids=SimpleNamespace(gpu=tokens),
             prompt_len=prompt_len,
-            prefill_len=SimpleNamespace(np=prompt_len.np.copy()),
+            prefill_len=prefill_len,
             total_len=SimpleNamespace(gpu=total),
         )
         runner = AnyLogitsV2Runner(VllmConfig(), states)
         oracles = []
         for slot, spec_set in enumerate(spec_sets):
-            prompt_len.np[slot] = len(prompts[slot])
+            prompt_len.np[slot] = prefill_len.np[slot] = len(prompts[slot])
+            host_values(tokens)[slot, : len(prompts[slot])] = torch.tensor(prompts[slot])
+            host_values(total)[slot] = len(prompts[slot])
             assert runner.add_request(slot, params(spec_set))
             oracles.append(Oracle(spec_set, prompts[slot]))
         for _ in range(steps):
@@ -419,11 +440,15 @@ def _v2_step_on_device(
                 host_values(total)[slot] = len(sequence)
             rows, offsets, inputs, histories = [], [], [], []
             for slot, sequence in enumerate(held):
+                placeholder = slot in placeholders
                 for p in range(len(drafts[slot]) + 1):
                     rows.append(slot)
                     offsets.append(p)
-                    inputs.append(sequence[-1] if p == 0 else drafts[slot][p - 1])
-                    histories.append(sequence + drafts[slot][:p])
+                    if p == 0:
+                        inputs.append(sequence[-1])
+                    else:
+                        inputs.append(-1 if placeholder else drafts[slot][p - 1])
+                    histories.append(sequence + ([] if placeholder else drafts[slot][:p]))
             logits = torch.randn(len(rows), VOCAB, generator=generator)
             expected = torch.stack(
                 [oracles[s].expected(logits[i], histories[i]) for i, s in enumerate(rows)]
@@ -435,18 +460,34 @@ def _v2_step_on_device(
                 idx_mapping_np=torch.arange(slots, dtype=torch.int32).numpy(),
                 expanded_local_pos=as_int(offsets),
                 input_ids=as_int(inputs),
-                pos=as_int([len(h) - 1 for h in histories]),
+                # A row's position counts its drafts, placeholders too.
+                pos=as_int([len(held[s]) - 1 + p for s, p in zip(rows, offsets, strict=True)]),
                 seq_lens_upper_bound_np=torch.tensor(
                     [len(s) + len(d) for s, d in zip(held, drafts, strict=True)]
                 ).numpy(),
             )
+            with device.counting() as staged:
+                runner.apply_staged_writes()  # before the forward
+            assert staged.blocking_copies == staged.device_reads == 0, staged.summary()
             with device.counting() as transfers:
                 actual = runner.apply(on_device(logits), ctx)
             torch.testing.assert_close(host_values(actual), expected, rtol=0, atol=0)
-            counts.append((transfers.blocking_copies, transfers.device_reads))
+            assert not transfers.unclassified, transfers.unclassified
+            counts.append(
+                (transfers.blocking_copies, transfers.device_reads, transfers.event_waits)
+            )
             for slot, sequence in enumerate(held):
                 sequence.append(int(expected[rows.index(slot)].argmax()))
     return counts
+
+
+def _budget(*layouts: str) -> tuple[int, int, int]:
+    """(blocking copies, reads, event waits) the budget allows for these layouts."""
+    return (
+        0,
+        sum(V2_READS[layout][0] for layout in layouts),
+        sum(V2_READS[layout][1] for layout in layouts),
+    )
 
 
 def test_v2_runner_reads_no_history_back_for_stateless_requests() -> None:
@@ -454,13 +495,15 @@ def test_v2_runner_reads_no_history_back_for_stateless_requests() -> None:
     counts = _v2_step_on_device(
         [["repetition_penalty"], ["no_repeat_ngram", "min_new_tokens"]], [[], []]
     )
-    assert counts[-1] == (0, 0), counts
+    assert set(counts[1:]) == {_budget("stateless requests")}, counts
 
 
-def test_v2_runner_reads_committed_tokens_once_for_host_states() -> None:
-    """A stateful processor advances on the host: one read of (ends, tokens) per step."""
+def test_v2_runner_waits_for_committed_tokens_copied_before_the_forward() -> None:
+    """A stateful processor advances on the host: its new tokens were copied (pinned,
+    non-blocking) in ``apply_staged_writes``; ``apply`` waits on that copy's event and
+    reads nothing itself."""
     counts = _v2_step_on_device([["repetition_penalty"], ["stateful_probe"]], [[], []])
-    assert counts[-1] == (0, 1), counts
+    assert set(counts) == {_budget("stateless requests", "host states")}, counts
 
 
 def test_v2_runner_speculative_rows_read_the_layout_once() -> None:
@@ -469,4 +512,53 @@ def test_v2_runner_speculative_rows_read_the_layout_once() -> None:
     counts = _v2_step_on_device(
         [["repetition_penalty"], ["no_repeat_ngram"], ["logit_bias"]], [[4, 5], [], [6]]
     )
-    assert counts[-1] == (0, 1), counts
+    assert set(counts[1:]) == {_budget("draft rows")}, counts
+
+
+def test_v2_runner_takes_placeholder_drafts_without_a_device_assert() -> None:
+    """vLLM's -1 placeholders (the drafts of a request in prefill) never reach a gather:
+    on the emulated device a -1 index asserts as CUDA's kernels do (the engine dies)."""
+    counts = _v2_step_on_device(
+        [["repetition_penalty"], ["no_repeat_ngram"], ["stateful_probe", "dry"]],
+        [[4, 5], [6], [7, 8]],
+        placeholders=frozenset({0, 1, 2}),
+    )
+    assert set(counts) == {_budget("draft rows", "host states")}, counts
+
+
+def test_v2_interface_fields_the_adapter_uses_are_in_the_installed_vllm() -> None:
+    """The V2 buffers need CUDA to construct, so the tests stand in for them; this reads
+    the installed vLLM's source and fails when a field or call the adapter relies on is
+    renamed or moved."""
+    import dataclasses
+    import inspect
+
+    from vllm.v1.worker.gpu import buffer_utils, states
+    from vllm.v1.worker.gpu.sample import sampler
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler
+
+    context = {field.name for field in dataclasses.fields(V2_INTERFACE.LogitsContext)}
+    assert context >= {
+        "expanded_idx_mapping",
+        "idx_mapping_np",
+        "expanded_local_pos",
+        "input_ids",
+        "pos",
+        "seq_lens_upper_bound_np",
+    }, context
+    request = {field.name for field in dataclasses.fields(V2_INTERFACE.LogitsProcRequestState)}
+    assert request >= {"all_token_ids", "prompt_len", "prefill_len", "total_len"}, request
+    staged = inspect.getsource(buffer_utils.StagedWriteTensor)
+    assert "self.gpu = " in staged, "StagedWriteTensor.gpu (all_token_ids, total_len)"
+    uva = inspect.getsource(buffer_utils.UvaBackedTensor)
+    assert "self.np = " in uva, "UvaBackedTensor.np (prompt_len, prefill_len on the host)"
+    assert "prompt_len = UvaBackedTensor" in inspect.getsource(states.RequestState)
+    assert "prefill_len = UvaBackedTensor" in inspect.getsource(states.RequestState)
+    # apply_staged_writes runs every step, before the forward, for custom processors too.
+    flush = inspect.getsource(sampler.Sampler.apply_staged_writes)
+    assert "processor.apply_staged_writes()" in flush, flush
+    # The placeholders this adapter guards against: -1 at positive offsets.
+    gather = inspect.getsource(rejection_sampler._gather_draft_sampled_kernel)
+    assert "is_placeholder = (local_pos > 0)" in gather and "-1" in gather, gather
+    # The bound each request's read window grows by: seq_lens_upper_bound + 1.
+    assert "seq_lens_cpu_upper_bound" in inspect.getsource(sampler.Sampler.__call__)

@@ -19,9 +19,40 @@ LAYOUTS = (HOST_HISTORY, DEVICE_HISTORY)
 TRACKER_READ = (
     "the prefix tracker maps each row to its sequence by its token ids, on the host "
     "(transformers reorders beams and rolls back draft tokens without saying which row "
-    "is which): one read of input_ids per step; vLLM's structured outputs likewise read "
-    "each step's sampled tokens on the host"
+    "is which): one read of input_ids per step. Unlike vLLM's structured outputs, which "
+    "copy each step's sampled tokens on a side stream and wait on an event outside the "
+    "step, this read blocks (transformers' generate reads the same tensor for its "
+    "stopping criteria each step)"
 )
+
+# vLLM's V2 model runner, per step (conformance_tests/test_vllm_hook.py counts them with
+# vLLM's own LogitsContext on the emulated device).
+V2_READS: dict[str, tuple[int, int, str]] = {
+    # layout: (device reads in apply, event waits in apply, why / vLLM's counterpart)
+    "stateless requests": (
+        0,
+        0,
+        "histories gathered where the runner keeps them (all_token_ids, input_ids, "
+        "pos): vLLM's own penalties read the same buffers in their Triton kernel",
+    ),
+    "host states": (
+        0,
+        1,
+        "a grammar or stateful processor's new committed tokens: copied into pinned "
+        "memory in apply_staged_writes(), before the forward, in per-request windows "
+        "(the host bound of each request's length); apply() waits on the copy's event, "
+        "not on the forward. vLLM's structured outputs read sampled tokens the same way "
+        "(output copy stream + event)",
+    ),
+    "draft rows": (
+        1,
+        0,
+        "speculative decoding: which row is whose request (expanded_idx_mapping, "
+        "expanded_local_pos, input_ids) is on the device only; LogitsContext carries no "
+        "host copy (vLLM's InputBatch has cu_num_logits_np, its rejection sampler reads "
+        "it there): one read of a (3, rows) tensor per step",
+    ),
+}
 
 _TOP_CHOICE = (
     "whether {what} was each row's top choice goes into its state, on the host, as the "

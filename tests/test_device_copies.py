@@ -35,13 +35,17 @@ import torch
 from test_host_sync import stacked
 
 from anylogits import LogitsProcessor, Pipeline, from_spec
+from anylogits.core import device_history
 from anylogits.core.batch import Batch
-from anylogits.core.device_history import SlotHistory, committed_since
+from anylogits.core.device_history import CommittedReads, SlotHistory
 from anylogits.core.persistent_batch import PersistentBatch
+from anylogits.core.transfer import HostCopy
 from anylogits.processors import watermark as watermark_module
 from anylogits.processors._greenlist import GreenlistCache
 from test_support.device_budget import DEVICE_HISTORY, HOST_HISTORY, LAYOUTS, expected_device_reads
 from test_support.emulated_device import (
+    ASYNC_D2H,
+    EVENT_WAIT,
     EmulatedDevice,
     Transfers,
     host_values,
@@ -49,7 +53,8 @@ from test_support.emulated_device import (
 )
 from test_support.engine_rows import CASES, PROMPTS, SLOT_SPECS, STACK_VARIANTS, VOCAB, WIDTH
 
-STEPS = 3  # two warm-up calls (caches of device constants fill), then the counted one
+WARM_UP = 2  # calls that fill caches of device constants, not counted
+STEPS = WARM_UP + 4  # then every call counted, on logits shaped to reach every branch
 
 
 class Rows:
@@ -82,15 +87,47 @@ def run_steps(
     logits)``; each result must be the CPU's. The transfers of the last call."""
     generator = torch.Generator().manual_seed(0)
     each_step: list[Transfers] = []
-    for _ in range(steps):
+    for number in range(steps):
         logits = torch.randn(len(rows.sequences), WIDTH, generator=generator) * 3
+        logits = shape_logits(logits, number)
         expected = reference(logits.clone())
         with device.counting() as transfers:
             actual = step(on_device(logits))
         each_step.append(transfers)
         torch.testing.assert_close(host_values(actual), expected, rtol=0, atol=0, equal_nan=True)
+        assert not transfers.unclassified, (
+            f"device operations the emulation has not classified: {transfers.unclassified} "
+            f"at {dict(transfers.where)}; classify each in test_support/emulated_device.py"
+        )
         rows.commit(expected)
-    return each_step[-1]
+    return worst(each_step[WARM_UP:])
+
+
+def shape_logits(logits: torch.Tensor, step: int) -> torch.Tensor:
+    """Step ``step``'s logits, shaped to reach data-dependent branches after warm-up:
+    ties at the top, a row all -inf but one token, a zero-probability tail."""
+    if step < WARM_UP:
+        return logits
+    kind = (step - WARM_UP) % 4
+    if kind == 1:  # ties: the top values repeat
+        logits[:, :8] = logits.max() + 1.0
+    elif kind == 2:  # a single allowed token in row 0
+        logits[0] = float("-inf")
+        logits[0, 5] = 0.0
+    elif kind == 3:  # a tail far below the head: zero probability in float32
+        logits[:, WIDTH // 2 :] -= 200.0
+    return logits
+
+
+def worst(steps: Sequence[Transfers]) -> Transfers:
+    """Per kind, the most any counted step made (with where it was made)."""
+    merged = Transfers()
+    for transfers in steps:
+        for kind, count in transfers.kinds.items():
+            if count > merged.kinds[kind]:
+                merged.kinds[kind] = count
+                merged.where[kind] = transfers.where[kind]
+    return merged
 
 
 def pipeline_transfers(processor_of: Callable[[], LogitsProcessor], layout: str) -> Transfers:
@@ -146,7 +183,14 @@ def test_the_emulator_counts_every_kind_of_transfer() -> None:
         x = on_device(torch.arange(6.0))
         transfers_of: dict[str, Callable[[], Any]] = {
             "h2d blocking": lambda: host.to(device.device),
-            "h2d non_blocking": lambda: host.to(device.device, non_blocking=True),
+            "h2d non_blocking": lambda: host.pin_memory().to(device.device, non_blocking=True),
+            # From pageable memory CUDA ignores non_blocking: a copy and a synchronize.
+            "h2d blocking (pageable memory)": lambda: host.to(device.device, non_blocking=True),
+            "d2h __repr__": lambda: repr(x),
+            "d2h __format__": lambda: f"{x[0]:.2f}",
+            ASYNC_D2H: lambda: torch.empty(6, pin_memory=True).copy_(x, non_blocking=True),
+            "d2h copy_": lambda: torch.empty(6).copy_(x, non_blocking=True),
+            EVENT_WAIT: lambda: HostCopy(x).wait(),
             "h2d hidden": lambda: torch.tensor([1, 2], device=device.device),
             "h2d implicit index": lambda: x[torch.tensor([0, 2])],
             "d2h item": lambda: x.sum().item(),
@@ -173,6 +217,23 @@ def test_the_emulator_counts_every_kind_of_transfer() -> None:
             with device.counting() as transfers:
                 operation()
             assert transfers.kinds == {}, transfers.summary()
+
+
+def test_the_emulator_asserts_on_an_index_out_of_range_as_cuda_does() -> None:
+    """A -1 id (vLLM's draft placeholder) in a gather is a device-side assert on CUDA,
+    which ends the engine; the CPU raises or wraps, depending on the op."""
+    with EmulatedDevice():
+        x = on_device(torch.zeros(2, 5))
+        ids = on_device(torch.tensor([[0, -1], [1, 2]]))
+        for operation in (
+            lambda: x.gather(1, ids),
+            lambda: x.scatter_(1, ids, 1.0),
+            lambda: x.index_select(1, on_device(torch.tensor([-1]))),
+            lambda: x.index_fill_(1, on_device(torch.tensor([5])), 0.0),
+        ):
+            with pytest.raises(RuntimeError, match="device-side assert"):
+                operation()
+        x.gather(1, ids.clamp(min=0))
 
 
 def test_the_emulator_computes_the_cpus_values_in_place_and_through_views() -> None:
@@ -308,35 +369,38 @@ class DeviceSlots:
             width=max(lengths),
         )
 
-    def committed(self, slots: list[int], starts: list[int]) -> list[list[int]]:
-        """As AnyLogitsV2Runner reads them."""
-        width = max(len(sequence) for sequence in self.held)
-        return committed_since(self.tokens, self.total, slots, starts, width)
-
 
 def _v2_runner_step(engine: SlotEngine) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A step as AnyLogitsV2Runner takes it: histories on the device, committed tokens
-    read from there for the requests that keep host states."""
+    """A step as AnyLogitsV2Runner takes it: histories on the device; for the requests
+    that keep host states, the committed tokens' copy started before the step (in
+    ``apply_staged_writes``) and waited for in it."""
+    current: list[DeviceSlots] = []
+    reads = CommittedReads(lambda: current[-1].tokens, lambda: current[-1].total)
+    for slot, sequence in enumerate(engine.held):
+        reads.admit(slot, len(sequence))
 
     def step(logits: torch.Tensor) -> torch.Tensor:
-        slots = DeviceSlots(engine.held)  # the runner's buffers, already on the device
-        return engine.gpu.process(
-            logits,
-            list(range(len(SLOT_SPECS))),
-            committed=slots.committed,
-            device_history=slots.history(),
-        )
+        current.append(DeviceSlots(engine.held))  # the runner's buffers, on the device
+        reads.start(engine.gpu.host_state_lengths())  # apply_staged_writes
+        rows = list(range(len(SLOT_SPECS)))
+        try:
+            return engine.gpu.process(
+                logits, rows, committed=reads.read, device_history=current[-1].history()
+            )
+        finally:
+            reads.grow(rows, [len(sequence) for sequence in engine.held])
 
     return step
 
 
 def test_vllm_v2_runner_reads_histories_where_they_are() -> None:
     """Stateless groups gather histories on the device; the stateful request (slot 3)
-    reads its committed tokens once per step (its states advance on the host)."""
+    waits for its committed tokens' copy, started before the step: no read in the step."""
     transfers = _run_slot_engine(_v2_runner_step)
     assert transfers.blocking_copies == 0, (transfers.summary(), dict(transfers.where))
-    assert dict(transfers.kinds).get("d2h tolist") == 1, (transfers.summary(), transfers.where)
-    assert transfers.device_reads == 1, (transfers.summary(), dict(transfers.where))
+    assert transfers.device_reads == 0, (transfers.summary(), dict(transfers.where))
+    assert transfers.kinds[ASYNC_D2H] == 1, (transfers.summary(), transfers.where)
+    assert transfers.event_waits == 1, (transfers.summary(), transfers.where)
 
 
 def test_vllm_v2_runner_stateless_requests_read_nothing() -> None:
@@ -345,6 +409,47 @@ def test_vllm_v2_runner_stateless_requests_read_nothing() -> None:
         transfers = _run_slot_engine(_v2_runner_step)
     assert transfers.blocking_copies == 0, (transfers.summary(), dict(transfers.where))
     assert transfers.device_reads == 0, (transfers.summary(), dict(transfers.where))
+    assert transfers.event_waits == 0, (transfers.summary(), dict(transfers.where))
+
+
+def test_committed_reads_take_each_requests_window_not_the_longest_sequence() -> None:
+    """A grammar request of 500 tokens beside a 32k-token request reads the tokens it can
+    have gained (one per step), not 32k columns (the batch-wide width it read before)."""
+    windows: list[int] = []
+    real_window = device_history.committed_window
+
+    def spy(*args: Any) -> torch.Tensor:
+        windows.append(args[-1])
+        return real_window(*args)
+
+    tokens = torch.zeros(2, 32_768, dtype=torch.int32)
+    tokens[0, :500] = torch.arange(500) % 97
+    lengths = torch.tensor([500, 32_000], dtype=torch.int32)
+    reads = CommittedReads(lambda: tokens, lambda: lengths)
+    reads.admit(0, 500)
+    with mock.patch.object(device_history, "committed_window", spy):
+        reads.start({0: 0})
+        assert reads.read([0], [0]) == [(torch.arange(500) % 97).tolist()]
+        for step in range(3):
+            reads.grow([1, 0], [32_000 + step, 500 + step])  # this step's sequence bounds
+            tokens[0, 500 + step] = 7 + step  # the token it samples
+            lengths[0] += 1
+            reads.start({0: 500 + step})
+            assert reads.read([0], [500 + step]) == [[7 + step]]
+    assert windows == [500, 1, 1, 1]
+
+
+def test_committed_reads_never_miss_a_token_past_the_bound() -> None:
+    """The bound only sizes the window: a slot whose length passed it (an engine that
+    commits more than its bound said) is read again, as far as its length says."""
+    tokens = torch.arange(40, dtype=torch.int32).reshape(1, 40)
+    lengths = torch.tensor([10], dtype=torch.int32)
+    reads = CommittedReads(lambda: tokens, lambda: lengths)
+    reads.admit(0, 4)  # too low: 10 tokens are there
+    reads.start({0: 0})
+    assert reads.read([0], [0]) == [list(range(10))]
+    lengths[0] = 15
+    assert reads.read([0], [10]) == [list(range(10, 15))]  # nothing started: read now
 
 
 def device_copy_table() -> list[tuple[str, str, int, int, str]]:
@@ -364,3 +469,58 @@ if __name__ == "__main__":
     counts: collections.Counter[str] = collections.Counter()
     for line in device_copy_table():
         print(" | ".join(map(str, line)))
+
+
+# ---------------------------------------------------------------------------------------
+# The level cannot be fooled: processors that synchronize fail it
+# ---------------------------------------------------------------------------------------
+
+
+class _Syncs(LogitsProcessor):
+    """A processor whose ``process`` is ``operation(logits)``, then the logits."""
+
+    def __init__(self, operation: Callable[[torch.Tensor], Any]) -> None:
+        self.operation = operation
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        self.operation(logits)
+        return logits
+
+
+def _read_twice_on_ties(logits: torch.Tensor) -> None:
+    """One budgeted-looking read, and a second one only when the top two values tie
+    (the watermark's tie path): random logits never reach it."""
+    top = logits.topk(2, dim=-1).values.cpu()
+    if bool((top[:, 0] == top[:, 1]).any()):
+        logits.argmax(dim=-1).tolist()
+
+
+SYNCING_PROCESSORS: dict[str, Callable[[torch.Tensor], Any]] = {
+    # Inside ATen's CUDA kernels, no Python read in sight:
+    "masked_fill_ with a 0-dim device value": lambda x: x.masked_fill_(
+        x < -1e9, x.new_tensor(-1.0).amax()
+    ),
+    "multinomial": lambda x: torch.multinomial(x.softmax(-1), 1),
+    "allclose": lambda x: torch.allclose(x, x),
+    "histc with min == max": lambda x: torch.histc(x, bins=4),
+    "index_put_ with a bool mask": lambda x: x.index_put_((x > 1e9,), x.new_tensor(0.0)),
+    "nonzero": lambda x: (x > 0).nonzero(),
+    # Host tensors beside device tensors: a device-mismatch error on CUDA.
+    "a 1-element host tensor": lambda x: x.add_(torch.tensor([0.0])),
+    # Copies that block:
+    "non_blocking from pageable memory": lambda x: x.add_(
+        torch.zeros(1, x.shape[1]).to(x.device, non_blocking=True)
+    ),
+    "repr of a device tensor": lambda x: repr(x[0, :2]),
+    "a read only where the top two values tie": _read_twice_on_ties,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNCING_PROCESSORS))
+def test_a_processor_that_synchronizes_fails_the_level(name: str) -> None:
+    processor_of = lambda: _Syncs(SYNCING_PROCESSORS[name])  # noqa: E731
+    budget = 1 if name == "a read only where the top two values tie" else 0
+    with pytest.raises((AssertionError, RuntimeError)):
+        transfers = pipeline_transfers(processor_of, HOST_HISTORY)
+        assert transfers.blocking_copies == 0, transfers.summary()
+        assert transfers.device_reads <= budget, transfers.summary()

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from anylogits import LogitsProcessor, Pipeline, StatefulLogitsProcessor, from_spec
 from anylogits.core.batch import Batch
 from anylogits.core.persistent_batch import PersistentBatch
+from anylogits.core.registry import processor_type
 from anylogits.core.sync import forbid_host_sync
 from anylogits.core.tracker import SequenceNode, child_node, root_node
 from anylogits.processors import watermark as watermark_module
@@ -92,7 +93,9 @@ STEPS = 6  # calls per run: the prompt, then five generated tokens
 
 
 def _is_stateful(spec: dict[str, Any]) -> bool:
-    return isinstance(from_spec(spec), StatefulLogitsProcessor)
+    # The class, not an instance: building a structured case needs llguidance, and this
+    # runs while the module is collected.
+    return issubclass(processor_type(spec["type"]), StatefulLogitsProcessor)
 
 
 class EngineRows:

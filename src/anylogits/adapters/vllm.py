@@ -35,7 +35,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
 from anylogits.adapters.vllm_requests import PrefetchedVocabulary, VllmRequests
-from anylogits.core.device_history import SlotHistory, committed_since
+from anylogits.core.device_history import CommittedReads, SlotHistory
 from anylogits.core.limits import limits
 from anylogits.core.logs import configure_logging
 from anylogits.core.registry import load_plugins
@@ -214,36 +214,51 @@ if V2LogitsProcessor is not None:
         def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState):
             self.req_states = req_states
             self.requests = _start_engine(vllm_config)
-            # This step's bound on every row's length (LogitsContext, on the host).
-            self._width = 0
+            # vLLM's StagedWriteTensor keeps its .gpu; read it at each use all the same.
+            self.committed_reads = CommittedReads(
+                lambda: req_states.all_token_ids.gpu, lambda: req_states.total_len.gpu
+            )
 
         def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
-            prompt_length = int(self.req_states.prompt_len.np[req_idx])
-            return self.requests.add(
-                req_idx, sampling_params.extra_args, prompt_length=prompt_length
+            states = self.req_states
+            wanted = self.requests.add(
+                req_idx,
+                sampling_params.extra_args,
+                prompt_length=int(states.prompt_len.np[req_idx]),
             )
+            if wanted:
+                # The prompt, and the outputs of a resumed request: committed now.
+                self.committed_reads.admit(req_idx, int(states.prefill_len.np[req_idx]))
+            else:
+                self.committed_reads.forget(req_idx)
+            return wanted
+
+        def apply_staged_writes(self) -> None:
+            # Before the forward: the copy of the committed tokens host states need runs
+            # ahead of it, and apply() waits for the copy, not for the forward.
+            self.committed_reads.start(self.requests.host_state_lengths())
 
         def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
             requests = self.requests
             slots = ctx.idx_mapping_np.tolist()  # on the host: free
             if not any(slot in requests for slot in slots):
                 return logits
+            bounds = ctx.seq_lens_upper_bound_np.tolist()
             draft_rows = logits.shape[0] - len(slots)
-            # Every row sees at most this many tokens (drafts included).
-            self._width = int(ctx.seq_lens_upper_bound_np.max(initial=0)) + draft_rows
             history = SlotHistory(
                 self.req_states.all_token_ids.gpu,
                 row_slots=ctx.expanded_idx_mapping,
                 row_offsets=ctx.expanded_local_pos,
                 row_inputs=ctx.input_ids,
                 row_positions=ctx.pos,
-                width=self._width,
+                # Every row sees at most this many tokens (drafts included).
+                width=max(bounds, default=0) + draft_rows,
             )
             drafts = None
             if draft_rows:
                 # Speculative decoding: a request owns one row per draft position, and
-                # which row is whose is known on the device only: one read per step
-                # (grouping rows by their requests' processors needs it on the host).
+                # which row is whose is on the device only (LogitsContext has no host
+                # copy of expanded_idx_mapping): one read per step, budgeted.
                 layout = torch.stack(
                     [
                         ctx.expanded_idx_mapping.to(torch.int64),
@@ -252,17 +267,24 @@ if V2LogitsProcessor is not None:
                     ]
                 ).tolist()
                 slots, offsets, inputs = layout
-                # The row at offset p scores the token after its first p draft tokens.
-                drafts = [inputs[row - p + 1 : row + 1] for row, p in enumerate(offsets)]
-            return requests.process(
-                logits, slots, drafts=drafts, committed=self._committed, device_history=history
-            )
+                drafts = [_drafts_of(inputs, row, p) for row, p in enumerate(offsets)]
+            try:
+                return requests.process(
+                    logits,
+                    slots,
+                    drafts=drafts,
+                    committed=self.committed_reads.read,
+                    device_history=history,
+                )
+            finally:
+                self.committed_reads.grow(ctx.idx_mapping_np.tolist(), bounds)
 
-        def _committed(self, slots: list[int], starts: list[int]) -> list[list[int]]:
-            states = self.req_states
-            return committed_since(
-                states.all_token_ids.gpu, states.total_len.gpu, slots, starts, self._width
-            )
+    def _drafts_of(inputs: list[int], row: int, offset: int) -> list[int]:
+        """The draft tokens row ``row`` scores after: the inputs of its request's rows at
+        offsets 1..``offset``; none for a placeholder (vLLM's -1 for the drafts of a
+        request in prefill: the row is rejected, and a state never sees the -1)."""
+        drafts = inputs[row - offset + 1 : row + 1]
+        return [] if any(token < 0 for token in drafts) else drafts
 
     class AnyLogits(AnyLogitsV1Runner, AnyLogitsV2Runner):
         """Works under either model runner: register this one when vLLM picks the runner.

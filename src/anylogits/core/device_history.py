@@ -6,16 +6,24 @@ of each row's sequence is ``pos + 1``, on the device too. Reading them back to t
 every step would stall the stream. :class:`SlotHistory` gathers the right-aligned
 ``(B, W)`` history of any rows with fixed-shape tensor operations instead: only the
 width ``W``, an upper bound the engine knows on the host, decides a shape.
+
+Under speculative decoding vLLM marks the draft rows of a request still inside its prefill
+with placeholder inputs (``-1``, ``gather_draft_sampled``); those rows are rejected, and a
+history never holds a placeholder: such a row sees its request's committed tokens alone.
+
+Processors that keep states on the host need each step's new committed tokens there:
+:class:`CommittedReads` reads them in per-request windows bounded on the host, copied
+without blocking before the engine queues the forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
 
-from anylogits.core.transfer import host_tensor_to
+from anylogits.core.transfer import HostCopy, host_tensor_to
 
 
 class DeviceHistory(Protocol):
@@ -36,7 +44,8 @@ class SlotHistory:
         row_offsets: ``(rows,)`` each row's draft position among its request's rows
             (0: the row after the committed tokens).
         row_inputs: ``(rows,)`` the token fed at each row's position (the last committed
-            token for offset 0, the row's last draft token otherwise).
+            token for offset 0, the row's last draft token otherwise); a negative id at
+            a positive offset is a placeholder: the row sees no draft token.
         row_positions: ``(rows,)`` the position of each row's input token: the row's
             sequence holds ``row_positions + 1`` tokens.
         width: an upper bound of every row's length, known on the host.
@@ -55,6 +64,12 @@ class SlotHistory:
         >>> ids, lengths = history.rows([0, 2])
         >>> ids.tolist(), lengths.tolist()
         ([[0, 0, 8, 9], [5, 6, 7, 3]], [2, 4])
+
+        A placeholder draft (``-1``) leaves the row its committed tokens:
+
+        >>> history.row_inputs = torch.tensor([9, 7, -1])
+        >>> [t.tolist() for t in history.rows([2])]
+        [[[0, 5, 6, 7]], [3]]
     """
 
     def __init__(
@@ -77,9 +92,14 @@ class SlotHistory:
     def rows(self, rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.committed.device
         index = host_tensor_to(list(rows), device, torch.int64)
+        offsets = self.row_offsets.index_select(0, index).to(torch.int64)
+        # vLLM marks every draft of a request in prefill, so a row's own input tells.
+        placeholder = (offsets > 0) & (self.row_inputs.index_select(0, index) < 0)
         positions = self.row_positions.index_select(0, index).to(torch.int64)
+        positions = torch.where(placeholder, positions - offsets, positions)
+        offsets = torch.where(placeholder, 0, offsets)
         lengths = positions + 1
-        committed_lengths = lengths - self.row_offsets.index_select(0, index).to(torch.int64)
+        committed_lengths = lengths - offsets
         # Right-aligned: column j of a row holds its token at position lengths - W + j.
         columns = torch.arange(self.width, device=device)
         token_positions = lengths[:, None] - self.width + columns
@@ -99,37 +119,161 @@ class SlotHistory:
         return torch.where(token_positions >= 0, ids, 0), lengths
 
 
-def committed_since(
+def committed_window(
     committed: torch.Tensor,
     committed_lengths: torch.Tensor,
     slots: Sequence[int],
     starts: Sequence[int],
-    width: int,
-) -> list[list[int]]:
-    """Each slot's committed tokens from its start on, for requests whose processors keep
-    states on the host: one read of ``(lengths, tokens)`` for all of them.
+    window: int,
+) -> torch.Tensor:
+    """``(len(slots), 1 + window)``: per slot, its committed length, then its tokens from
+    its start on (``window`` of them, past the end where the slot holds fewer), gathered
+    on the device with no read.
 
     Args:
         committed: ``(slots, max_len)`` committed token ids per slot, on the device.
         committed_lengths: ``(slots,)`` committed tokens per slot, on the device.
         slots: the slots to read.
         starts: per slot, the first position not read yet.
-        width: an upper bound of every slot's length, known on the host (so that the
-            read needs no length first).
+        window: how many tokens to take per slot: the largest count any slot can have
+            gained, known on the host (so that the read needs no length first).
 
     Example:
-        >>> committed_since(
-        ...     torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]), torch.tensor([3, 2]), [0, 1], [1, 2], 4
-        ... )
-        [[6, 7], []]
+        >>> committed_window(
+        ...     torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]), torch.tensor([3, 2]), [0, 1], [1, 2], 2
+        ... ).tolist()
+        [[3, 6, 7], [2, 0, 0]]
     """
     device = committed.device
     index = host_tensor_to(list(slots), device, torch.int64)
     ends = committed_lengths.index_select(0, index).to(torch.int64)
-    window = max(max(width - start for start in starts), 0)
     columns = host_tensor_to(list(starts), device, torch.int64)[:, None] + torch.arange(
-        window, device=device
+        max(window, 0), device=device
     )
     tokens = committed[index[:, None], columns.clamp(max=committed.shape[1] - 1)]
-    read = torch.cat([ends[:, None], tokens.to(torch.int64)], dim=1).tolist()
-    return [row[1 : 1 + max(row[0] - start, 0)] for row, start in zip(read, starts, strict=True)]
+    return torch.cat([ends[:, None], tokens.to(torch.int64)], dim=1)
+
+
+def _new_tokens(row: list[int], start: int) -> list[int]:
+    """The tokens of a :func:`committed_window` row read from ``start``."""
+    return row[1 : 1 + max(row[0] - start, 0)]
+
+
+class CommittedReads:
+    """The new committed tokens of requests whose processors keep states on the host.
+
+    An engine that keeps committed tokens on the device (vLLM's V2 runner) gives each
+    slot an upper bound of its length on the host: the committed length at admission,
+    then, after each step it takes part in, the step's bound on its sequence plus the
+    token it samples. Each read takes only the tokens a slot can have gained since the
+    last one (per-request windows, not the longest sequence's), and :meth:`start` queues
+    it before the engine queues the forward: :meth:`read`, called from the step, then
+    waits for that copy only. A slot the started read does not cover, or whose length
+    passed its bound, is read at once (a blocking read: counted by the accelerator level).
+
+    Args:
+        committed: returns the ``(slots, max_len)`` committed token ids, on the device.
+        committed_lengths: returns the ``(slots,)`` committed lengths, on the device.
+
+    Example:
+        >>> import torch
+        >>> tokens, lengths = torch.tensor([[5, 6, 7, 0]]), torch.tensor([2])
+        >>> reads = CommittedReads(lambda: tokens, lambda: lengths)
+        >>> reads.admit(0, committed_length=2)
+        >>> reads.start({0: 0})
+        >>> reads.read([0], [0])
+        [[5, 6]]
+        >>> lengths[0] = 3  # the step sampled token 7
+        >>> reads.grow([0], [2])
+        >>> reads.start({0: 2})
+        >>> reads.read([0], [2])
+        [[7]]
+    """
+
+    def __init__(
+        self,
+        committed: Callable[[], torch.Tensor],
+        committed_lengths: Callable[[], torch.Tensor],
+    ) -> None:
+        self._committed = committed
+        self._committed_lengths = committed_lengths
+        self._bounds: dict[int, int] = {}
+        # (slot -> (row, start), copy) of the read started for this step.
+        self._started: tuple[dict[int, tuple[int, int]], HostCopy] | None = None
+
+    def admit(self, slot: int, committed_length: int) -> None:
+        """A request entered ``slot`` holding ``committed_length`` committed tokens."""
+        self._bounds[slot] = committed_length
+        self._started = None
+
+    def forget(self, slot: int) -> None:
+        self._bounds.pop(slot, None)
+
+    def grow(self, slots: Sequence[int], sequence_bounds: Sequence[int]) -> None:
+        """This step scores, per slot, at most ``sequence_bounds`` tokens: afterwards the
+        slot holds at most one more (the sampled token)."""
+        bounds = self._bounds
+        for slot, bound in zip(slots, sequence_bounds, strict=True):
+            known = bounds.get(slot)
+            if known is not None and bound + 1 > known:
+                bounds[slot] = int(bound) + 1
+
+    def start(self, starts: dict[int, int]) -> None:
+        """Queue the read of each slot's tokens from its start up to its bound (with its
+        length, which :meth:`read` checks against the bound)."""
+        pending = {slot: start for slot, start in starts.items() if slot in self._bounds}
+        self._started = None
+        if pending:
+            window = self._window(pending)
+            values = self._gather(list(pending), list(pending.values()), window)
+            self._started = (pending, window, HostCopy(values))
+
+    def read(self, slots: list[int], starts: list[int]) -> list[list[int]]:
+        """Each slot's committed tokens from its start on (a
+        :data:`~anylogits.core.slot_requests.CommittedReader`)."""
+        result: list[list[int]] = [[] for _ in slots]
+        late: dict[int, int] = {}
+        started = self._started
+        self._started = None
+        host: dict[int, list[int]] = {}
+        if started is not None:
+            pending, window, copy = started
+            host = dict(zip(pending, copy.wait().tolist(), strict=True))
+        for k, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+            row = host.get(slot)
+            if row is not None and pending[slot] == start and row[0] <= start + window:
+                result[k] = _new_tokens(row, start)
+            else:
+                late[k] = start
+        if late:
+            self._read_now(slots, late, result)
+        return result
+
+    def _window(self, starts: dict[int, int]) -> int:
+        return max(max(self._bounds.get(slot, 0) - start for slot, start in starts.items()), 0)
+
+    def _gather(self, slots: list[int], starts: list[int], window: int) -> torch.Tensor:
+        return committed_window(self._committed(), self._committed_lengths(), slots, starts, window)
+
+    def _read_now(self, slots: list[int], late: dict[int, int], result: list[list[int]]) -> None:
+        """Read ``late`` rows at once: within their bounds, then (once, only where a length
+        passed its bound) as far as their lengths say."""
+        starts = {slots[k]: start for k, start in late.items()}
+        window = self._window(starts)
+        rows = dict(
+            zip(
+                starts,
+                self._gather(list(starts), list(starts.values()), window).tolist(),
+                strict=True,
+            )
+        )
+        beyond = {slot: start for slot, start in starts.items() if rows[slot][0] > start + window}
+        if beyond:
+            window = max(rows[slot][0] - start for slot, start in beyond.items())
+            again = self._gather(list(beyond), list(beyond.values()), window).tolist()
+            rows.update(zip(beyond, again, strict=True))
+        for slot, row in rows.items():
+            if slot in self._bounds:
+                self._bounds[slot] = max(self._bounds[slot], row[0])
+        for k, start in late.items():
+            result[k] = _new_tokens(rows[slots[k]], start)

@@ -130,6 +130,17 @@ class PersistentBatch:
         self._slots[slot] = SlotRequest(group, prompt_ids, length, output)
         return True
 
+    def host_state_lengths(self) -> dict[int, int]:
+        """Per slot whose processors keep states on the host and whose committed tokens
+        are read from the engine (no output feed): how many tokens it has read so far."""
+        return {
+            slot: request.length
+            for slot, request in self._slots.items()
+            if request.output is None
+            and request.group.pipeline is not None
+            and request.group.pipeline.stateful
+        }
+
     def remove(self, slot: int) -> None:
         """Forget the request in ``slot`` (no error when the slot is empty)."""
         self._layout = None

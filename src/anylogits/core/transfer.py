@@ -13,6 +13,11 @@ Two kinds of host data reach a processor:
   allocator keeps the pinned block until the copy that reads it has run, so the host
   tensor may be dropped at once.
 
+The other way, device values a host state needs (a grammar's new tokens) are read by a
+:class:`HostCopy`: started early (before the engine queues the forward), copied into
+pinned memory without blocking, waited for through an event when the values are needed.
+The host then waits for the copy, not for the work queued after it.
+
 ``test_support.emulated_device`` counts every copy and read on an emulated ``cuda``
 device; ``tests/test_device_copies.py`` holds the catalogue to zero blocking copies.
 """
@@ -28,6 +33,16 @@ import torch
 def pinning_available() -> bool:
     """Whether host memory can be pinned here (a CUDA device is present)."""
     return torch.cuda.is_available()
+
+
+def record_event(device: torch.device) -> Any:
+    """An event recorded on ``device``'s current stream (``None`` on the CPU, where every
+    operation has run when it returns)."""
+    if device.type == "cpu":
+        return None
+    event = torch.Event(device=device)
+    event.record()
+    return event
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -85,3 +100,37 @@ class DeviceCopies:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.host = state["host"]
         self._copies = {}
+
+
+class HostCopy:
+    """Device values copied to the host without blocking, read when :meth:`wait` is called.
+
+    The copy is queued on the device's stream now, into pinned memory, with an event
+    behind it; :meth:`wait` blocks only until that event, so work queued on the stream
+    after the copy (the next forward) runs on while the host reads.
+
+    Args:
+        values: the tensor to read, on any device.
+
+    Example:
+        >>> import torch
+        >>> HostCopy(torch.tensor([3, 4])).wait()
+        tensor([3, 4])
+    """
+
+    __slots__ = ("_event", "_host")
+
+    def __init__(self, values: torch.Tensor) -> None:
+        if values.device.type == "cpu":
+            self._host, self._event = values, None
+            return
+        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=pinning_available())
+        self._host.copy_(values, non_blocking=True)
+        self._event = record_event(values.device)
+
+    def wait(self) -> torch.Tensor:
+        """The values on the host, once the copy has run."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._host
