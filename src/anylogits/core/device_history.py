@@ -198,8 +198,8 @@ class CommittedReads:
         self._committed = committed
         self._committed_lengths = committed_lengths
         self._bounds: dict[int, int] = {}
-        # (slot -> (row, start), copy) of the read started for this step.
-        self._started: tuple[dict[int, tuple[int, int]], HostCopy] | None = None
+        # (slot -> start, window, copy) of the read started for this step.
+        self._started: tuple[dict[int, int], int, HostCopy] | None = None
 
     def admit(self, slot: int, committed_length: int) -> None:
         """A request entered ``slot`` holding ``committed_length`` committed tokens."""
