@@ -200,6 +200,7 @@ class CommittedReads:
         self._bounds: dict[int, int] = {}
         # (slot -> start, window, copy) of the read started for this step.
         self._started: tuple[dict[int, int], int, HostCopy] | None = None
+        self._started_slots: list[int] = []
 
     def admit(self, slot: int, committed_length: int) -> None:
         """A request entered ``slot`` holding ``committed_length`` committed tokens."""
@@ -213,6 +214,11 @@ class CommittedReads:
         """This step scores, per slot, at most ``sequence_bounds`` tokens: afterwards the
         slot holds at most one more (the sampled token)."""
         bounds = self._bounds
+        if self._started is not None:
+            # A started copy holds a slot's tokens until the slot takes part in a step
+            # (vLLM may call apply() on several chunks of one step).
+            for slot in slots:
+                self._started[0].pop(slot, None)
         for slot, bound in zip(slots, sequence_bounds, strict=True):
             known = bounds.get(slot)
             if known is not None and bound + 1 > known:
@@ -226,6 +232,7 @@ class CommittedReads:
         if pending:
             window = self._window(pending)
             values = self._gather(list(pending), list(pending.values()), window)
+            self._started_slots = list(pending)
             self._started = (pending, window, HostCopy(values))
 
     def read(self, slots: list[int], starts: list[int]) -> list[list[int]]:
@@ -234,11 +241,13 @@ class CommittedReads:
         result: list[list[int]] = [[] for _ in slots]
         late: dict[int, int] = {}
         started = self._started
-        self._started = None
         host: dict[int, list[int]] = {}
         if started is not None:
             pending, window, copy = started
-            host = dict(zip(pending, copy.wait().tolist(), strict=True))
+            rows = copy.wait().tolist()
+            host = {
+                slot: rows[row] for row, slot in enumerate(self._started_slots) if slot in pending
+            }
         for k, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             row = host.get(slot)
             if row is not None and pending[slot] == start and row[0] <= start + window:
