@@ -106,15 +106,11 @@ _KERNEL_SYNCS = {
     "multinomial": lambda args, kwargs: True,
     # allclose reduces to a bool on the host.
     "allclose": lambda args, kwargs: True,
-    "isclose": lambda args, kwargs: False,
     # SummaryOps.cu: histc with min == max reads the input's min and max.
     "histc": lambda args, kwargs: (
         (args[3] if len(args) > 3 else kwargs.get("max", 0))
         == (args[2] if len(args) > 2 else kwargs.get("min", 0))
     ),
-    # Sorting-based set operations read sizes.
-    "_unique": lambda args, kwargs: True,
-    "randperm": lambda args, kwargs: False,
 }
 
 # Operations that index with tensors: a host index tensor is copied to the device
@@ -331,6 +327,7 @@ _FREE = frozenset(
         "eq_",
         "ne_",
         "fmod",
+        "randperm",
     ]
 )
 
@@ -340,7 +337,7 @@ def _classified(name: str) -> bool:
         name in _FREE
         or name in _HOST_READS
         or name in _KERNEL_SYNCS
-        or name in ("repeat_interleave", "isin", "index", "index_put")
+        or name in ("repeat_interleave", "isin")
     )
 
 
@@ -600,13 +597,10 @@ def _check_indices(name: str, args: Sequence[Any]) -> None:
     index, source = _unwrap(args[position]), _unwrap(args[0])
     if not isinstance(index, torch.Tensor) or index.numel() == 0:
         return
-    if name == "embedding":
+    if dim_position is None:  # embedding: rows of the weight
         size = source.shape[0]
     else:
-        dim = args[dim_position]
-        size = source.shape[dim] if source.dim() else 1
-        if name.startswith("scatter") or name in ("index_add", "index_add_"):
-            size = source.shape[dim] if source.dim() else 1
+        size = source.shape[args[dim_position]] if source.dim() else 1
     low, high = int(index.min()), int(index.max())
     if low < 0 or high >= size:
         raise RuntimeError(

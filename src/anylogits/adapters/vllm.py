@@ -240,9 +240,10 @@ if V2LogitsProcessor is not None:
 
         def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
             requests = self.requests
-            slots = ctx.idx_mapping_np.tolist()  # on the host: free
-            if not any(slot in requests for slot in slots):
+            request_slots = ctx.idx_mapping_np.tolist()  # on the host: free
+            if not any(slot in requests for slot in request_slots):
                 return logits
+            slots = request_slots
             bounds = ctx.seq_lens_upper_bound_np.tolist()
             draft_rows = logits.shape[0] - len(slots)
             history = SlotHistory(
@@ -277,7 +278,7 @@ if V2LogitsProcessor is not None:
                     device_history=history,
                 )
             finally:
-                self.committed_reads.grow(ctx.idx_mapping_np.tolist(), bounds)
+                self.committed_reads.grow(request_slots, bounds)
 
     def _drafts_of(inputs: list[int], row: int, offset: int) -> list[int]:
         """The draft tokens row ``row`` scores after: the inputs of its request's rows at

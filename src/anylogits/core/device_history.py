@@ -198,14 +198,20 @@ class CommittedReads:
         self._committed = committed
         self._committed_lengths = committed_lengths
         self._bounds: dict[int, int] = {}
-        # (slot -> start, window, copy) of the read started for this step.
-        self._started: tuple[dict[int, int], int, HostCopy] | None = None
-        self._started_slots: list[int] = []
+        # The read started for this step: per slot still covered, (its row in the copy,
+        # its start); the window; the copy.
+        self._started: tuple[dict[int, tuple[int, int]], int, HostCopy] | None = None
+
+    def _drop_started(self, slots: Sequence[int]) -> None:
+        """The started copy no longer holds these slots' tokens."""
+        if self._started is not None:
+            for slot in slots:
+                self._started[0].pop(slot, None)
 
     def admit(self, slot: int, committed_length: int) -> None:
         """A request entered ``slot`` holding ``committed_length`` committed tokens."""
         self._bounds[slot] = committed_length
-        self._started = None
+        self._drop_started([slot])
 
     def forget(self, slot: int) -> None:
         self._bounds.pop(slot, None)
@@ -214,11 +220,9 @@ class CommittedReads:
         """This step scores, per slot, at most ``sequence_bounds`` tokens: afterwards the
         slot holds at most one more (the sampled token)."""
         bounds = self._bounds
-        if self._started is not None:
-            # A started copy holds a slot's tokens until the slot takes part in a step
-            # (vLLM may call apply() on several chunks of one step).
-            for slot in slots:
-                self._started[0].pop(slot, None)
+        # A started copy holds a slot's tokens until the slot takes part in a step (vLLM
+        # may call apply() on several chunks of one step).
+        self._drop_started(slots)
         for slot, bound in zip(slots, sequence_bounds, strict=True):
             known = bounds.get(slot)
             if known is not None and bound + 1 > known:
@@ -232,26 +236,20 @@ class CommittedReads:
         if pending:
             window = self._window(pending)
             values = self._gather(list(pending), list(pending.values()), window)
-            self._started_slots = list(pending)
-            self._started = (pending, window, HostCopy(values))
+            covered = {slot: (row, start) for row, (slot, start) in enumerate(pending.items())}
+            self._started = (covered, window, HostCopy(values))
 
     def read(self, slots: list[int], starts: list[int]) -> list[list[int]]:
         """Each slot's committed tokens from its start on (a
         :data:`~anylogits.core.slot_requests.CommittedReader`)."""
         result: list[list[int]] = [[] for _ in slots]
         late: dict[int, int] = {}
-        started = self._started
-        host: dict[int, list[int]] = {}
-        if started is not None:
-            pending, window, copy = started
-            rows = copy.wait().tolist()
-            host = {
-                slot: rows[row] for row, slot in enumerate(self._started_slots) if slot in pending
-            }
+        covered, window, copy = self._started or ({}, 0, None)
+        copied = copy.wait().tolist() if copy is not None and covered else []
         for k, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-            row = host.get(slot)
-            if row is not None and pending[slot] == start and row[0] <= start + window:
-                result[k] = _new_tokens(row, start)
+            at = covered.get(slot)
+            if at is not None and at[1] == start and copied[at[0]][0] <= start + window:
+                result[k] = _new_tokens(copied[at[0]], start)
             else:
                 late[k] = start
         if late:
