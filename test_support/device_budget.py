@@ -17,12 +17,15 @@ HOST_HISTORY, DEVICE_HISTORY = "host history", "device history"
 LAYOUTS = (HOST_HISTORY, DEVICE_HISTORY)
 
 TRACKER_READ = (
-    "the prefix tracker maps each row to its sequence by its token ids, on the host "
-    "(transformers reorders beams and rolls back draft tokens without saying which row "
-    "is which): one read of input_ids per step. Unlike vLLM's structured outputs, which "
-    "copy each step's sampled tokens on a side stream and wait on an event outside the "
-    "step, this read blocks (transformers' generate reads the same tensor for its "
-    "stopping criteria each step)"
+    "the prefix tracker maps each row to its sequence by its token ids (transformers "
+    "reorders beams and rolls back draft tokens without saying which row is which): each "
+    "row is hashed on the device and one (B, 5) int64 read a step brings back the hashes, "
+    "the new token and the id range, whatever the history's length (the whole history "
+    "only on a step where a row's parent is unknown: a new prompt, accepted drafts, a "
+    "resume). Unlike vLLM's structured outputs, which copy each step's sampled tokens on "
+    "a side stream and wait on an event outside the step, this read blocks: transformers "
+    "hands the hook its tokens inside the step (its generate reads the same tensor for "
+    "its stopping criteria each step)"
 )
 
 # vLLM's V2 model runner, per step (conformance_tests/test_vllm_hook.py counts them with

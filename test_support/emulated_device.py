@@ -130,6 +130,7 @@ _FREE = frozenset(
         "all",
         "amax",
         "amin",
+        "aminmax",
         "any",
         "arange",
         "argmax",
@@ -425,9 +426,11 @@ class Transfers:
     def __init__(self) -> None:
         self.kinds: collections.Counter[str] = collections.Counter()
         self.where: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
+        self.read_bytes = 0  # what the host reads, copied or converted
 
-    def add(self, kind: str, detail: str = "") -> None:
+    def add(self, kind: str, detail: str = "", nbytes: int = 0) -> None:
         self.kinds[kind] += 1
+        self.read_bytes += nbytes
         if detail and len(self.where[kind]) < 8:
             self.where[kind].append(detail)
 
@@ -478,7 +481,7 @@ class _Dispatch(TorchDispatchMode):
             source = args[0]
             target = kwargs.get("device")
             if _is_device(source) and target is not None and not _is_emulated(target):
-                count("d2h cpu", _caller())
+                count("d2h cpu", _caller(), source)
                 kwargs["device"] = torch.device("cpu")
                 return func(source.inner, **kwargs)
             if not _is_device(source) and _is_emulated(target):
@@ -491,11 +494,11 @@ class _Dispatch(TorchDispatchMode):
                 count(self.owner.h2d_kind(source, non_blocking), _caller())
             elif _is_device(source) and not _is_device(target):
                 if non_blocking and self.owner.is_pinned(target):
-                    count(ASYNC_D2H, _caller())
+                    count(ASYNC_D2H, _caller(), source)
                 else:
-                    count("d2h copy_", _caller())
+                    count("d2h copy_", _caller(), source)
         elif on_device and name in _HOST_READS and _HOST_READS[name] is not None:
-            count(f"d2h {_HOST_READS[name]}", _caller())
+            count(f"d2h {_HOST_READS[name]}", _caller(), device_args[0] if device_args else None)
         elif on_device and name in _KERNEL_SYNCS and _KERNEL_SYNCS[name](args, kwargs):
             count(f"d2h inside {name}", _caller())
         elif on_device and name in _INDEXING and len(args) > 1:
@@ -571,18 +574,12 @@ class _Functions(TorchFunctionMode):
                 host = source.to(dtype) if dtype is not None else source.clone()
                 return _placed(host)
         if name in _HOST_CONVERSIONS and args and _is_device(args[0]):
-            self.owner.count(f"d2h {name}", _caller())
+            self.owner.count(f"d2h {name}", _caller(), args[0])
             return func(args[0].inner, *args[1:], **kwargs)
         if name in ("__repr__", "__str__", "__format__") and args and _is_device(args[0]):
             # Printing a device tensor reads every value it shows.
             self.owner.count(f"d2h {name}", _caller())
             return func(args[0].inner, *args[1:], **kwargs)
-        if name == "pin_memory" and args and isinstance(args[0], torch.Tensor):
-            # CUDA's pinned allocator, emulated: a pinned copy, known as pinned by the
-            # copies that read it.
-            return self.owner.pin(args[0].clone())
-        if name == "is_pinned" and args and isinstance(args[0], torch.Tensor):
-            return self.owner.is_pinned(args[0])
         if kwargs.get("pin_memory") and not _is_emulated(kwargs.get("device")):
             kwargs["pin_memory"] = False
             return self.owner.pin(func(*args, **kwargs))
@@ -684,9 +681,11 @@ class EmulatedDevice:
         # Storages of pinned host tensors, kept alive so that an address is never reused.
         self._pinned: dict[int, torch.Tensor] = {}
 
-    def count(self, kind: str, detail: str = "") -> None:
+    def count(self, kind: str, detail: str = "", read: Any = None) -> None:
+        """Count a transfer of ``kind``; ``read``: the device tensor the host reads."""
+        nbytes = _unwrap(read).nbytes if isinstance(read, torch.Tensor) else 0
         for counter in self._counters:
-            counter.add(kind, detail)
+            counter.add(kind, detail, nbytes)
 
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``, marked as pinned host memory."""
@@ -724,6 +723,17 @@ class EmulatedDevice:
         stack.enter_context(mock.patch.object(transfer, "pinning_available", lambda: True))
         stack.enter_context(
             mock.patch.object(transfer, "record_event", lambda device: _Event(self, device))
+        )
+        # CUDA's pinned allocator: a pinned copy, known as pinned by the copies that read
+        # it. Patched on the class, not caught as a torch function: vLLM's CPU worker
+        # replaces Tensor.pin_memory process-wide with one that returns the tensor.
+        stack.enter_context(
+            mock.patch.object(
+                torch.Tensor, "pin_memory", lambda tensor, *_: self.pin(tensor.clone())
+            )
+        )
+        stack.enter_context(
+            mock.patch.object(torch.Tensor, "is_pinned", lambda tensor, *_: self.is_pinned(tensor))
         )
         stack.enter_context(_Dispatch(self))
         stack.enter_context(_Functions(self))

@@ -402,6 +402,107 @@ def test_device_slot_history_path() -> None:
                 sequence.append(token)
 
 
+V2_LONG_PROMPT = 4_000  # beside a short grammar request: its reads must not follow this one
+V2_DRAFTS = {1: [4, 5]}  # the long request's drafts each step
+V2_PLACEHOLDERS = 2  # slot 2 is still in prefill: vLLM feeds -1 as its drafts
+
+
+def _v2_requests() -> list[tuple[list[dict[str, Any]], list[int]]]:
+    """The V2 step's requests: (processor specs, prompt) per slot."""
+    grammar = CASES["regex"] if HAS_LLGUIDANCE else CASES["force_sequence"]
+    generator = torch.Generator().manual_seed(1)
+    long_prompt = torch.randint(8, VOCAB.size, (V2_LONG_PROMPT,), generator=generator)
+    return [
+        ([grammar], list(PROMPTS[0])),
+        ([CASES["repetition_penalty"], CASES["no_repeat_ngram"]], long_prompt.tolist()),
+        ([CASES["force_sequence"], CASES["repetition_penalty"]], list(PROMPTS[2])),
+    ]
+
+
+def test_v2_runner_step_on_the_device() -> None:
+    """vLLM's V2 runner's step as AnyLogitsV2Runner takes it, on the device: committed
+    tokens in a per-slot device buffer (``all_token_ids``; vLLM's dense layout), a grammar
+    request beside a 4,000-token one, speculative rows with real drafts and a request in
+    prefill whose drafts are vLLM's -1 placeholders. ``apply_staged_writes`` starts the
+    copy of the grammar's committed tokens into pinned memory before the "forward";
+    the step itself, under ``set_sync_debug_mode("error")``, must not synchronize (the
+    adapter's one budgeted read, the row layout under speculative decoding, is made
+    here on the host, as LogitsContext's host fields would give it). Every row must
+    equal vLLM V1's host path on the CPU (histories built on the host, drafts as lists)."""
+    from anylogits.core.device_history import CommittedReads, SlotHistory
+
+    requests = _v2_requests()
+    label = "vLLM V2 step: grammar beside a long request, placeholder drafts"
+    record = REPORT.setdefault(label, {}).setdefault("device slots", {})
+    record["grammar"] = requests[0][0][0]["type"]
+    held = [list(prompt) for _, prompt in requests]
+    host, device = PersistentBatch(VOCAB), PersistentBatch(VOCAB)
+    tokens = torch.zeros(len(held), V2_LONG_PROMPT + 64, dtype=torch.int32, device=DEVICE)
+    total = torch.zeros(len(held), dtype=torch.int32, device=DEVICE)
+    reads = CommittedReads(lambda: tokens, lambda: total)
+    for slot, (specs, prompt) in enumerate(requests):
+        host.put(slot, specs, prompt_length=len(prompt))
+        device.put(slot, specs, prompt_length=len(prompt))
+        reads.admit(slot, len(prompt))
+
+    def committed(slots: list[int], starts: list[int]) -> list[list[int]]:
+        return [held[slot][start:] for slot, start in zip(slots, starts, strict=True)]
+
+    generator = torch.Generator().manual_seed(0)
+    with mock.patch.object(PersistentBatch, "_fail", _reraise):
+        for step in range(STEPS + 1):
+            for slot, sequence in enumerate(held):  # the runner's staged writes
+                tokens[slot, : len(sequence)] = torch.tensor(sequence, dtype=torch.int32)
+                total[slot] = len(sequence)
+            reads.start(device.host_state_lengths())  # apply_staged_writes
+            slots, offsets, inputs, drafts = [], [], [], []
+            for slot, sequence in enumerate(held):
+                placeholder = slot == 2
+                request_drafts = [-1] * V2_PLACEHOLDERS if placeholder else V2_DRAFTS.get(slot, [])
+                for offset in range(len(request_drafts) + 1):
+                    slots.append(slot)
+                    offsets.append(offset)
+                    inputs.append(request_drafts[offset - 1] if offset else sequence[-1])
+                    drafts.append([] if placeholder else request_drafts[:offset])
+            positions = [len(held[s]) - 1 + o for s, o in zip(slots, offsets, strict=True)]
+            bounds = [len(s) + len(V2_DRAFTS.get(n, [])) for n, s in enumerate(held)]
+            as_device = lambda values: torch.tensor(values, dtype=torch.int32).to(DEVICE)  # noqa: E731
+            history = SlotHistory(
+                tokens,
+                row_slots=as_device(slots),
+                row_offsets=as_device(offsets),
+                row_inputs=as_device(inputs),
+                row_positions=as_device(positions),
+                width=max(bounds) + len(slots) - len(held),
+            )
+            logits = step_logits(generator, len(slots))
+            expected = host.process(logits.clone(), slots, drafts=drafts, committed=committed)
+            device_logits = logits.to(DEVICE)
+
+            def run(
+                device_logits: torch.Tensor = device_logits,
+                history: SlotHistory = history,
+                slots: list[int] = slots,
+                drafts: list[list[int]] = drafts,
+                bounds: list[int] = bounds,
+            ) -> torch.Tensor:
+                try:
+                    return device.process(
+                        device_logits,
+                        slots,
+                        drafts=drafts,
+                        committed=reads.read,
+                        device_history=history,
+                    )
+                finally:
+                    reads.grow(list(range(len(held))), bounds)
+
+            actual = checked_step(label, None, record, run) if step >= STEPS - 1 else run()
+            assert_matches_cpu(actual, expected, f"{label}, step {step}", record)
+            for slot, sequence in enumerate(held):
+                sequence.append(int(expected[slots.index(slot)].argmax()))
+
+
 # ---------------------------------------------------------------------------------------
 # 2. transformers' generate on the device
 # ---------------------------------------------------------------------------------------

@@ -236,6 +236,23 @@ def test_the_emulator_asserts_on_an_index_out_of_range_as_cuda_does() -> None:
         x.gather(1, ids.clamp(min=0))
 
 
+def test_the_emulator_pins_even_where_vllm_replaced_pin_memory() -> None:
+    """vLLM's CPU worker (vllm/v1/worker/cpu/shm.py) sets ``torch.Tensor.pin_memory`` to a
+    function that returns the tensor, process-wide, once an engine has run in the process.
+    The emulation pins all the same: a copy through pinned memory is non-blocking, a copy
+    from pageable memory is not."""
+    from anylogits.core.transfer import to_device
+
+    replaced = mock.patch.object(torch.Tensor, "pin_memory", lambda tensor, *_: tensor)
+    with replaced, EmulatedDevice() as device, device.counting() as transfers:
+        to_device(torch.arange(4), device.device)
+        torch.arange(4).to(device.device, non_blocking=True)
+    assert transfers.kinds == {
+        "h2d non_blocking": 1,
+        "h2d blocking (pageable memory)": 1,
+    }, transfers.summary()
+
+
 def test_the_emulator_computes_the_cpus_values_in_place_and_through_views() -> None:
     with EmulatedDevice():
         x = on_device(torch.zeros(2, 4))
@@ -258,6 +275,40 @@ def test_a_decode_step_copies_without_blocking(name: str, layout: str) -> None:
         pytest.importorskip("llguidance")
     transfers = pipeline_transfers(lambda: from_spec(CASES[name]), layout)
     _assert_budget(name, layout, transfers, from_spec(CASES[name]))
+
+
+def _tracked_read_bytes(width: int, order: Sequence[int]) -> tuple[int, list[int]]:
+    """Bytes a tracked step reads in transformers' layout, after a call at ``width``
+    columns, and each row's length as the tracker found it (the rows reordered by
+    ``order``, as beam search does)."""
+    generator = torch.Generator().manual_seed(width)
+    ids = torch.randint(0, VOCAB.size, (3, width), generator=generator)
+    on_gpu = Pipeline([from_spec(CASES["force_sequence"])], VOCAB)
+    tracker = on_gpu.tracker
+    assert tracker is not None
+    with EmulatedDevice() as device:
+        tracker.locate(on_device(ids))
+        grown = torch.cat([ids[list(order)], ids[:, :1]], 1)
+        with device.counting() as transfers:
+            nodes = tracker.locate(on_device(grown))
+    host = Pipeline([from_spec(CASES["force_sequence"])], VOCAB).tracker
+    assert host is not None
+    host.locate(ids)
+    expected = host.locate(grown)
+    assert [n.states for n in nodes] == [n.states for n in expected]
+    assert transfers.device_reads == 1, transfers.summary()
+    return transfers.read_bytes, [node.length for node in nodes]
+
+
+def test_transformers_layout_reads_what_is_new_not_the_history() -> None:
+    """``input_ids`` on the device: each row is hashed there and (B, 5) int64 come back
+    (hashes, last token, id range), whatever the history's length; the rows may move
+    (beam search) and still find their parents. Reading the whole (B, L) history cost
+    O(B·L) a step."""
+    short, lengths = _tracked_read_bytes(64, (0, 1, 2))
+    long, moved = _tracked_read_bytes(4096, (2, 2, 0))
+    assert short == long == 3 * 5 * 8, (short, long)
+    assert lengths == [65] * 3 and moved == [4097] * 3
 
 
 def _stacked_rows(name: str) -> LogitsProcessor:

@@ -9,7 +9,8 @@ the tokens a backend already passes.
 Per call the hashing is a vectorized torch reduction over ``(B, L)``; the Python work is
 ``O(B)`` dict lookups, independent of the sequence length. Only a row whose parent
 (the same tokens minus the last one) is unknown takes the slower path: one prefix-hash
-cumsum over that row and a probe per distinct known length.
+cumsum over that row and a probe per distinct known length. Rows on an accelerator are
+hashed there: only the hashes and the new token come back to the host, not the history.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from anylogits.core.processor import StatefulLogitsProcessor
+from anylogits.core.transfer import to_device
 
 # Weights stay below 2**23 and token ids below 2**21, so a row of up to 2**19 tokens sums
 # below 2**63: exact int64 arithmetic, no overflow, no modulus.
@@ -86,6 +88,11 @@ def _rows_extend(tokens: bytes, last_tokens: bytes, batch: int, previous: int) -
     )
 
 
+def _check_width(width: int) -> None:
+    if width == 0:
+        raise ValueError("token_ids has no columns: a sequence needs at least one token")
+
+
 def _check_token_range(low: int, high: int) -> None:
     """Raise unless the smallest and largest ids of a call can be hashed exactly."""
     if low < 0 or high >= _MAX_TOKEN_ID:
@@ -103,6 +110,7 @@ class _HashWeights:
         self._lock = threading.Lock()
         self.tensor = torch.empty(2, 0, dtype=torch.int64)
         self.columns: list[tuple[int, int]] = []  # the same, as Python ints
+        self._on_devices: dict[torch.device, torch.Tensor] = {}
 
     def at_least(self, width: int) -> torch.Tensor:
         """The weights, with at least ``width`` (at most ``_MAX_LENGTH``) columns."""
@@ -119,6 +127,16 @@ class _HashWeights:
                 self.columns = self.columns + [tuple(column) for column in extra.T.tolist()]
                 self.tensor = torch.cat([self.tensor, extra], 1)
             return self.tensor
+
+    def on_device(self, width: int, device: torch.device) -> torch.Tensor:
+        """The first ``width`` columns on ``device``: a constant there, copied again
+        (without blocking) only when the weights grow, geometrically."""
+        copy = self._on_devices.get(device)
+        if copy is None or copy.shape[1] < width:
+            host = self.at_least(width)
+            with self._lock:
+                copy = self._on_devices[device] = to_device(host, device)
+        return copy[:, :width]
 
 
 _HASH_WEIGHTS: dict[int, _HashWeights] = {}
@@ -190,6 +208,8 @@ class SequenceTracker:
         """
         self._clock += 1
         self._touched.append((self._clock, []))
+        if not token_ids.is_cpu and lengths is None:
+            return self._locate_on_device(token_ids)
         ids = token_ids
         if ids.dtype is not torch.int64 or not ids.is_cpu:
             ids = ids.to(device="cpu", dtype=torch.int64)
@@ -199,8 +219,7 @@ class SequenceTracker:
                 self._expire()
                 return extended
         batch, width = ids.shape
-        if width == 0:
-            raise ValueError("token_ids has no columns: a sequence needs at least one token")
+        _check_width(width)
         weights = self._position_weights(width)
         if lengths is None:
             row_lengths = [width] * batch
@@ -224,29 +243,87 @@ class SequenceTracker:
             parent_keys = parent.tolist()
             last_tokens = last.tolist()
 
-        nodes: list[SequenceNode] = []
-        for row in range(batch):
-            length = row_lengths[row]
-            if length == 0:
-                raise ValueError(f"row {row} has no tokens: a sequence needs at least one")
-            key = (length, *full_keys[row])
-            node = self._nodes.get(key)
-            if node is None:
-                ancestor = self._nodes.get((length - 1, *parent_keys[row]))
-                if ancestor is not None:
-                    self._touch((length - 1, *parent_keys[row]), ancestor)
-                    node = self._child(ancestor, last_tokens[row])
-                else:
-                    row_ids = ids[row, width - length :]
-                    weights_row = row_weights[:, min(row, row_weights.shape[1] - 1), -length:]
-                    node = self._from_longest_known_prefix(row_ids, weights_row)
-            self._touch(key, node)
-            nodes.append(node)
+        nodes = self._nodes_of(
+            row_lengths,
+            full_keys,
+            parent_keys,
+            last_tokens,
+            lambda row, length: (
+                ids[row, width - length :],
+                row_weights[:, min(row, row_weights.shape[1] - 1), -length:],
+            ),
+        )
         if lengths is None:
             hashes = [(key[0], key[1]) for key in full_keys]
             self._remember(_token_bytes(ids), width, hashes, nodes)
         else:
             self._last_width = 0
+        self._expire()
+        return nodes
+
+    def _nodes_of(
+        self,
+        row_lengths: Sequence[int],
+        full_keys: Sequence[Sequence[int]],
+        parent_keys: Sequence[Sequence[int]],
+        last_tokens: Sequence[int],
+        row_of: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+    ) -> list[SequenceNode]:
+        """Each row's node: known, the child of a known parent, or replayed from the
+        longest known prefix of the row's host ids and weights (``row_of(row, length)``)."""
+        nodes: list[SequenceNode] = []
+        for row, length in enumerate(row_lengths):
+            if length == 0:
+                raise ValueError(f"row {row} has no tokens: a sequence needs at least one")
+            (first, second), (parent_first, parent_second) = full_keys[row], parent_keys[row]
+            key = (length, first, second)
+            node = self._nodes.get(key)
+            if node is None:
+                parent_key = (length - 1, parent_first, parent_second)
+                ancestor = self._nodes.get(parent_key)
+                if ancestor is not None:
+                    self._touch(parent_key, ancestor)
+                    node = self._child(ancestor, last_tokens[row])
+                else:
+                    node = self._from_longest_known_prefix(*row_of(row, length))
+            self._touch(key, node)
+            nodes.append(node)
+        return nodes
+
+    def _locate_on_device(self, token_ids: torch.Tensor) -> list[SequenceNode]:
+        """:meth:`locate` for full rows on an accelerator (transformers' ``input_ids``):
+        each row is hashed there (the same exact int64 dot products as on the host) and
+        only ``(B, 5)`` comes back (two hashes, the last token, the smallest and largest
+        id): O(B) a step, not the O(B·L) history. The history itself is read only on a
+        step where a row's parent is unknown (a new prompt, accepted draft tokens, a
+        resumed sequence)."""
+        batch, width = token_ids.shape
+        _check_width(width)
+        self._position_weights(width)
+        ids = token_ids if token_ids.dtype is torch.int64 else token_ids.to(torch.int64)
+        weights = self._weights.on_device(width, ids.device)
+        hashes = (ids.unsqueeze(1) * weights).sum(2)
+        low, high = ids.aminmax(dim=1)
+        rows = torch.cat([hashes, ids[:, -1:], low[:, None], high[:, None]], 1).tolist()
+        if rows:
+            _check_token_range(min(row[3] for row in rows), max(row[4] for row in rows))
+        first_weight, second_weight = self._weights.columns[width - 1]
+        full_keys = [row[:2] for row in rows]
+        parent_keys = [
+            (first - last * first_weight, second - last * second_weight)
+            for first, second, last, _, _ in rows
+        ]
+        host_ids: list[torch.Tensor] = []
+
+        def row_of(row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if not host_ids:
+                host_ids.append(ids.cpu())
+            return host_ids[0][row], self._weights.at_least(width)[:, :width]
+
+        nodes = self._nodes_of(
+            [width] * batch, full_keys, parent_keys, [row[2] for row in rows], row_of
+        )
+        self._last_width = 0  # the host fast path compares host bytes this call has not
         self._expire()
         return nodes
 
