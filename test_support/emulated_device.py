@@ -117,6 +117,33 @@ _KERNEL_SYNCS = {
 # (blocking) rather than refused.
 _INDEXING = frozenset({"index", "index_put", "index_put_", "_index_put_impl", "_index_put_impl_"})
 
+# Operations that launch no kernel: views, metadata, allocations without a fill.
+NO_LAUNCH = frozenset(
+    {
+        "_reshape_alias",
+        "_unsafe_view",
+        "alias",
+        "as_strided",
+        "detach",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "expand",
+        "lift_fresh",
+        "narrow",
+        "permute",
+        "select",
+        "slice",
+        "split",
+        "squeeze",
+        "t",
+        "transpose",
+        "unbind",
+        "unsqueeze",
+        "view",
+    }
+)
+
 # Operations whose CUDA kernels run without the host reading any device value (their
 # output sizes follow from their input sizes and arguments). An operation in none of
 # these tables fails the accelerator level until it is classified.
@@ -427,6 +454,7 @@ class Transfers:
         self.kinds: collections.Counter[str] = collections.Counter()
         self.where: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
         self.read_bytes = 0  # what the host reads, copied or converted
+        self.ops: collections.Counter[str] = collections.Counter()  # device ops, by name
 
     def add(self, kind: str, detail: str = "", nbytes: int = 0) -> None:
         self.kinds[kind] += 1
@@ -460,6 +488,12 @@ class Transfers:
     def summary(self) -> str:
         return ", ".join(f"{kind} x{count}" for kind, count in sorted(self.kinds.items()))
 
+    @property
+    def launches(self) -> int:
+        """Device operations that run a kernel (views, allocations and metadata do not):
+        on a GPU each is a launch, ~5-10 us of host time with the Python around it."""
+        return sum(n for name, n in self.ops.items() if name not in NO_LAUNCH)
+
 
 class _Dispatch(TorchDispatchMode):
     """Runs every ATen operation on the CPU values of emulated device tensors."""
@@ -475,6 +509,8 @@ class _Dispatch(TorchDispatchMode):
         device_args = [a for a in _flat(args, kwargs) if _is_device(a)]
         on_device = bool(device_args) or _is_emulated(kwargs.get("device"))
 
+        if on_device:
+            self.owner.count_op(name)
         if on_device and name in _CHECKED_INDICES:
             _check_indices(name, args)
         if name == "_to_copy":
@@ -686,6 +722,10 @@ class EmulatedDevice:
         nbytes = _unwrap(read).nbytes if isinstance(read, torch.Tensor) else 0
         for counter in self._counters:
             counter.add(kind, detail, nbytes)
+
+    def count_op(self, name: str) -> None:
+        for counter in self._counters:
+            counter.ops[name] += 1
 
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``, marked as pinned host memory."""

@@ -44,6 +44,7 @@ from test_support.engine_rows import (
     WIDTH,
 )
 from test_support.host_reads import HostReads
+from test_support.kept_sets import BOUNDARY_TYPES, assert_same_logits
 
 # ---------------------------------------------------------------------------------------
 # Counting host reads
@@ -369,18 +370,20 @@ def _bound(spec: dict[str, Any]) -> LogitsProcessor:
 def assert_both_branches_agree(batch: Batch, logits: torch.Tensor) -> None:
     """Every stateless case and stacked form gives the same logits with host reads
     allowed (the CPU's early exits) and forbidden (the accelerator's branch)."""
-    processors = [(name, _bound(CASES[name])) for name in _STATELESS]
+    processors = [(name, name, _bound(CASES[name])) for name in _STATELESS]
     for name in STACK_VARIANTS:
         processor = stacked(name, rows=batch.size)
         if processor is not None:
-            processors.append((f"{name} stacked", processor))
-    for name, processor in processors:
+            processors.append((f"{name} stacked", name, processor))
+    for label, name, processor in processors:
         with mock.patch.object(watermark_module, "GREENLISTS", GreenlistCache()):
             expected = processor.process(logits.clone(), batch)
             with forbid_host_sync():
                 actual = processor.process(logits.clone(), batch)
-        # NaN where the zoo's arithmetic meets -inf: equal as well.
-        torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True, msg=name)
+        # NaN where the zoo's arithmetic meets -inf: equal as well. The accelerator's
+        # softmax may move a token within rounding of a probability threshold.
+        boundary = CASES[name]["type"] in BOUNDARY_TYPES
+        assert_same_logits(actual, expected, label, boundary=boundary)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

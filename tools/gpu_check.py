@@ -6,9 +6,10 @@ process with a time limit, and says what each gave:
 1. ``tests``: ``pytest tests/test_cuda.py``: every catalogue processor on ``cuda`` logits
    along transformers' path (history on the device) and vLLM V1's (``PersistentBatch``,
    history on the host), the third decode step under
-   ``torch.cuda.set_sync_debug_mode("error")``, results equal to the CPU's; transformers'
-   ``generate`` on the tiny model on ``cuda``, anylogits against transformers' own
-   processors;
+   ``torch.cuda.set_sync_debug_mode("error")``, results equal to the CPU's; vLLM's V2
+   runner's step (device-resident histories, placeholder drafts, a grammar beside a long
+   request); transformers' ``generate`` on the tiny model on ``cuda``, anylogits against
+   transformers' own processors;
 2. ``demo``: ``anylogits demo --device cuda --model tiny --backend transformers``;
 3. ``vllm``: vLLM's conformance levels, when vLLM is installed;
 4. ``bench``: ``asv_bench/benchmarks/bench_gpu.py``'s measurement (anylogits' hook

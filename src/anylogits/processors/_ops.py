@@ -16,13 +16,16 @@ from anylogits.core.vocab import Vocabulary
 from anylogits.processors._checks import ids_within, token_id_list
 
 
-def keep_only(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Set ``logits`` to ``-inf`` where ``keep`` is False, in place.
+def keep_only(
+    logits: torch.Tensor, keep: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Set ``logits`` to ``-inf`` where ``keep`` is False, in place (or into ``out``,
+    leaving ``logits`` as they are: one pass, no copy first).
 
     ``torch.where`` into the same tensor: a boolean ``masked_fill_`` is several times
     slower on CPU for scattered masks.
     """
-    return torch.where(keep, logits, minus_inf(logits), out=logits)
+    return torch.where(keep, logits, minus_inf(logits), out=logits if out is None else out)
 
 
 def minus_inf(logits: torch.Tensor) -> torch.Tensor:
@@ -84,11 +87,16 @@ def probabilities(
     (default: the logits' dtype, as ``torch.softmax(logits)``), with bits that depend
     only on the row's finite logits (see :func:`row_total`). ``maxima``: each row's
     maximum, ``(B, 1)``, when the caller has it."""
+    dtype = dtype or logits.dtype
+    if not host_sync_allowed(logits):
+        # An accelerator runs no candidates path to agree with bit for bit: a softmax,
+        # one launch where the exact row sum takes eight.
+        weights = logits.softmax(dim=-1, dtype=mass_dtype(logits))
+        return weights if weights.dtype == dtype else weights.to(dtype)
     if maxima is None:
         maxima = logits.amax(dim=-1, keepdim=True)
     weights = shifted_exp(logits, maxima, mass_dtype(logits))
     weights = weights.div_(row_total(weights))
-    dtype = dtype or logits.dtype
     return weights if weights.dtype == dtype else weights.to(dtype)
 
 

@@ -49,6 +49,9 @@ class Temperature(FastPaths):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return logits.div_(self.temperature)
 
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return torch.div(logits, self.temperature, out=out)
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
         temperatures = [p.temperature for p in processors]

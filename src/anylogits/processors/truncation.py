@@ -27,6 +27,7 @@ from anylogits.processors._checks import int_at_least, probability
 from anylogits.processors._ops import (
     compute_precision,
     keep_only,
+    mass_dtype,
     probabilities,
     row_ints,
     row_total,
@@ -71,6 +72,9 @@ class TopK(FastPaths):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return _top_k_rows(logits, batch, max(self.top_k, self.min_tokens_to_keep))
 
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return _top_k_rows(logits, batch, max(self.top_k, self.min_tokens_to_keep), out=out)
+
     def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
         return _top_k_candidates(logits, batch, max(self.top_k, self.min_tokens_to_keep))
 
@@ -88,16 +92,36 @@ class TopK(FastPaths):
 
 
 def _top_k_rows(
-    logits: torch.Tensor, batch: Batch, k_max: int, ks: DeviceCopies | None = None
+    logits: torch.Tensor,
+    batch: Batch,
+    k_max: int,
+    ks: DeviceCopies | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Row ``i`` keeps its ``ks[i]`` (all: ``k_max``) highest logits and their ties."""
+    """Row ``i`` keeps its ``ks[i]`` (all: ``k_max``) highest logits and their ties;
+    into ``out`` when given (``logits`` left as they are)."""
+    if not host_sync_allowed(logits):
+        # An accelerator: the k-th logit alone (whether a row's candidates are exact is
+        # a host read, and the candidates are never used there): topk, compare, where.
+        return keep_only(logits, logits >= _kth_logit(logits, k_max, ks), out)
+    if out is not None:
+        logits = out.copy_(logits)
     top = _top_k(logits, k_max, ks)
     candidates = top.candidates
     # No tie at the k-th logit: the kept set is the top-k, so one index write replaces
     # a full-width comparison and `where`.
-    if candidates is not None and host_sync_allowed(logits) and bool(candidates.exact.all()):
+    if candidates is not None and bool(candidates.exact.all()):
         return candidates.write(logits)
     return keep_only(logits, logits >= top.kth)
+
+
+def _kth_logit(logits: torch.Tensor, k_max: int, ks: DeviceCopies | None) -> torch.Tensor:
+    """``(B, 1)``: each row's ``ks[row]``-th (all: ``k_max``-th) highest logit."""
+    k_max = min(k_max, logits.shape[-1])
+    values = torch.topk(logits, k_max, dim=-1).values
+    if ks is None:
+        return values[:, k_max - 1 :]
+    return values.gather(-1, ks.on(logits.device).clamp(max=k_max)[:, None] - 1)
 
 
 def _top_k_candidates(
@@ -186,6 +210,13 @@ class TopP(FastPaths):
             return logits
         return _top_p(logits, self.top_p, self.min_tokens_to_keep, self.first_chunk)
 
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        if self.top_p >= 1.0:
+            return out.copy_(logits)
+        if not host_sync_allowed(logits):
+            return _top_p_sorted(logits, self.top_p, self.min_tokens_to_keep, out=out)
+        return self.process(out.copy_(logits), batch)
+
     def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
         if self.top_p >= 1.0:
             return values
@@ -206,6 +237,8 @@ def _top_p(
     which must not read the tensors to decide, sorts the whole row at once. Rows already
     in ``descending`` order are their own sort: chunks are their first columns.
     """
+    if not host_sync_allowed(logits):
+        return _top_p_sorted(logits, top_p, min_keep, descending)
     width = logits.shape[-1]
     k = min(width, max(first_chunk, min_keep))
     total = None
@@ -247,6 +280,28 @@ def _top_p(
     return keep_only(logits, logits >= lowest)
 
 
+def _top_p_sorted(
+    logits: torch.Tensor,
+    top_p: float,
+    min_keep: int,
+    descending: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`_top_p` on an accelerator, in eight operations (transformers' own takes
+    eight): the row sorted whole, a softmax (there is no candidates path to agree with
+    bit for bit, so no exact row sum), the running mass, and every logit down to the
+    last one the nucleus needs (its ties with it included). A token within float
+    rounding of the boundary may be kept on one branch and not on the other."""
+    values = logits if descending else torch.sort(logits, dim=-1, descending=True).values
+    mass = values.softmax(dim=-1, dtype=mass_dtype(logits)).cumsum(dim=-1)
+    # The last kept rank's index is the count of masses below top_p; counting over all
+    # but the last column keeps it in range when rounding leaves the mass below top_p.
+    last = (mass[:, :-1] < top_p).sum(dim=-1, keepdim=True)
+    if min_keep > 1:
+        last = last.clamp_(min=min(min_keep, logits.shape[-1]) - 1)
+    return keep_only(logits, logits >= values.gather(-1, last), out)
+
+
 class MinP(FastPaths):
     """Keep tokens whose probability is at least ``min_p`` times the top token's.
 
@@ -283,6 +338,9 @@ class MinP(FastPaths):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return _min_p(logits, self.min_p, self.min_tokens_to_keep)
 
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return _min_p(logits, self.min_p, self.min_tokens_to_keep, out=out)
+
     def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
         return _min_p(values, self.min_p, self.min_tokens_to_keep, descending=True)
 
@@ -307,14 +365,12 @@ def _min_p(
     min_p: float | DeviceCopies,
     min_tokens_to_keep: int,
     descending: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rows in ``descending`` order have their maximum (and top probability) first."""
-    if descending:
-        probs = probabilities(logits, maxima=logits[:, :1])
-        top = probs[:, :1]
-    else:
-        probs = probabilities(logits)
-        top = probs.amax(dim=-1, keepdim=True)
+    """Rows in ``descending`` order have their maximum (and top probability) first.
+    ``out``: where the result goes, ``logits`` left as they are."""
+    probs = probabilities(logits, maxima=logits[:, :1] if descending else None)
+    top = probs[:, :1] if descending else probs.amax(dim=-1, keepdim=True)
     if isinstance(min_p, DeviceCopies):
         # Rounded to the probabilities' dtype, as a Python float factor would be.
         factors = compute_precision(min_p, logits)
@@ -324,7 +380,7 @@ def _min_p(
     keep = probs >= threshold
     if min_tokens_to_keep > 1:
         keep = with_top_tokens(logits, keep, min_tokens_to_keep)
-    return keep_only(logits, keep)
+    return keep_only(logits, keep, out)
 
 
 def _min_p_rows(
