@@ -15,7 +15,16 @@ import nox
 
 nox.options.reuse_venv = "yes"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "tests", "conformance", "matrix", "docs", "build"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "kernels",
+    "conformance",
+    "matrix",
+    "docs",
+    "build",
+]
 
 ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml("pyproject.toml")
@@ -146,6 +155,22 @@ def tests(session: nox.Session) -> None:
         "src/anylogits/adapters/from_transformers.py",
         "src/anylogits/testing/check.py",
         *session.posargs,
+    )
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """The Triton kernels against the torch processors, through Triton's interpreter.
+
+    tests/test_kernels.py on CPU tensors with TRITON_INTERPRET=1 (~1 min on 2 cores); on
+    a CUDA machine nox -s gpu runs the same tests compiled."""
+    session.install(*CONSTRAINTS, "-e", ".[kernels]", *TEST_DEPS)
+    session.run(
+        "pytest",
+        *workers(),
+        "tests/test_kernels.py",
+        *session.posargs,
+        env={"TRITON_INTERPRET": "1"},
     )
 
 

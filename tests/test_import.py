@@ -20,6 +20,7 @@ BACKENDS = (
     "llguidance",
     "fastapi",
     "openai",
+    "triton",
 )
 
 

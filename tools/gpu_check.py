@@ -9,7 +9,8 @@ process with a time limit, and says what each gave:
    ``torch.cuda.set_sync_debug_mode("error")``, results equal to the CPU's; vLLM's V2
    runner's step (device-resident histories, placeholder drafts, a grammar beside a long
    request); transformers' ``generate`` on the tiny model on ``cuda``, anylogits against
-   transformers' own processors;
+   transformers' own processors; ``tests/test_kernels.py``: the Triton kernels compiled,
+   against the torch processors, and the planned chain under ``"error"``;
 2. ``demo``: ``anylogits demo --device cuda --model tiny --backend transformers``;
 3. ``vllm``: vLLM's conformance levels, when vLLM is installed;
 4. ``bench``: ``asv_bench/benchmarks/bench_gpu.py``'s measurement (anylogits' hook
@@ -216,7 +217,8 @@ def run_all(out: Path | None, prepared: Path | None, steps: Sequence[str], devic
             env["ANYLOGITS_GPU_TEST_DEVICE"] = device
         if "tests" in steps:
             command = [
-                python, "-m", "pytest", "tests/test_cuda.py", "-q", "-rfEs",
+                python, "-m", "pytest", "tests/test_cuda.py", "tests/test_kernels.py",
+                "-q", "-rfEs",
                 "-p", "no:cacheprovider",
                 # Another transformers than the development machines' may warn: report,
                 # do not fail (the project's pytest settings make warnings errors).

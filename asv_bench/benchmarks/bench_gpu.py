@@ -80,21 +80,29 @@ def jobs(job: str) -> tuple[list[Any], list[Any]]:
 Call = Callable[[], torch.Tensor]
 
 
-def build(job: str, batch: int, device: torch.device, vocab: int = VOCAB) -> tuple[Call, Call]:
-    """``(ours, theirs)``: calls of both sides on the same logits and history on
-    ``device`` (each returns the processed scores and leaves the inputs as they are)."""
+def build(
+    job: str, batch: int, device: torch.device, vocab: int = VOCAB
+) -> tuple[Call, Call, Call | None]:
+    """``(ours, theirs, kernels)``: calls of both sides on the same logits and history on
+    ``device`` (each returns the processed scores and leaves the inputs as they are), and
+    ours with the fused kernels (``None`` where they cannot run: no CUDA or no Triton;
+    time it within :func:`anylogits.kernels.kernels_forced`)."""
     import transformers
 
     from anylogits import for_transformers
+    from anylogits.kernels import kernels_enabled, kernels_forced
 
     ours_processors, their_processors = jobs(job)
     hook = for_transformers(*ours_processors)
+    fused = for_transformers(*jobs(job)[0])
     theirs = transformers.LogitsProcessorList(their_processors)
     logits = peaked_logits(batch, vocab).to(device)
     ids = history(batch, HISTORY, vocab).to(device)
+    with kernels_forced(True):
+        kernels = (lambda: fused(ids, logits)) if kernels_enabled(device) else None
     # Neither side edits the logits in place (transformers' processors return new tensors,
     # the hook writes into its own output): every call sees the same input.
-    return (lambda: hook(ids, logits)), (lambda: theirs(ids, logits))
+    return (lambda: hook(ids, logits)), (lambda: theirs(ids, logits)), kernels
 
 
 class Timer:
@@ -150,19 +158,35 @@ def measure(
 ) -> dict[str, Any]:
     """One row: median milliseconds per call of each side and their ratio, measured in
     the same run, and how their outputs agree."""
-    ours, theirs = build(job, batch, device, vocab)
+    from anylogits.kernels import kernels_forced
+
+    ours, theirs, kernels = build(job, batch, device, vocab)
     timer = Timer(device)
     agreement = compare(ours(), theirs())
+    fused: dict[str, Any] = {"kernels_ms": None, "kernels_ratio": None}
+    if kernels is not None:
+        with kernels_forced(True):
+            fused["kernels_kept_differ"] = compare(kernels(), theirs())["kept_differ"]
     for _ in range(warmup):
         ours()
         theirs()
+        if kernels is not None:
+            with kernels_forced(True):
+                kernels()
     timer.synchronize()
     ours_ms: list[float] = []
     theirs_ms: list[float] = []
-    for _ in range(samples):  # interleaved: drift hits both sides alike
+    kernels_ms: list[float] = []
+    for _ in range(samples):  # interleaved: drift hits every side alike
         ours_ms.append(timer(ours, calls))
         theirs_ms.append(timer(theirs, calls))
+        if kernels is not None:
+            with kernels_forced(True):
+                kernels_ms.append(timer(kernels, calls))
     ours_median, theirs_median = statistics.median(ours_ms), statistics.median(theirs_ms)
+    if kernels_ms:
+        fused["kernels_ms"] = statistics.median(kernels_ms)
+        fused["kernels_ratio"] = fused["kernels_ms"] / theirs_median
     return {
         "job": job,
         "batch": batch,
@@ -170,6 +194,7 @@ def measure(
         "transformers_ms": theirs_median,
         "ratio": ours_median / theirs_median,
         **agreement,
+        **fused,
     }
 
 
@@ -227,6 +252,11 @@ def table(result: dict[str, Any]) -> str:
         if not row["identical"]:
             differ, largest = row["kept_differ"], row["max_abs_difference"]
             output = f"{differ} kept differ, max |diff| {largest:.2g}"
+        if row["kernels_ms"] is not None:
+            output += (
+                f"; kernels {row['kernels_ms']:.3f} ms ({row['kernels_ratio']:.2f}x, "
+                f"{row['kernels_kept_differ']} kept differ)"
+            )
         lines.append(
             f"{row['job']:<20}{row['batch']:>5}{row['anylogits_ms']:>14.3f}"
             f"{row['transformers_ms']:>17.3f}{row['ratio']:>7.2f}x  {output}"
@@ -246,7 +276,7 @@ class GpuVsTransformers:
             raise NotImplementedError(NO_CUDA)
         require_backend("transformers")
         self.device = torch.device("cuda")
-        self.ours, self.theirs = build(job, batch, self.device)
+        self.ours, self.theirs, _ = build(job, batch, self.device)
 
     def time_ours(self, job: str, batch: int) -> None:
         self.ours()
@@ -260,3 +290,11 @@ class GpuVsTransformers:
         return float(measure(job, batch, self.device)["ratio"])
 
     track_ours_over_transformers.unit = "ratio"
+
+    def track_kernels_over_transformers(self, job: str, batch: int) -> float:
+        ratio = measure(job, batch, self.device)["kernels_ratio"]
+        if ratio is None:
+            raise NotImplementedError("the fused kernels need Triton")
+        return float(ratio)
+
+    track_kernels_over_transformers.unit = "ratio"

@@ -11,10 +11,12 @@ import torch
 from anylogits.core import fast_paths
 from anylogits.core.batch import Batch, TokenSource
 from anylogits.core.fast_paths import Candidates
+from anylogits.core.launch_plan import launch_plan
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.tracker import SequenceTracker
 from anylogits.core.vocab import Vocabulary
+from anylogits.kernels import kernels_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,7 @@ class Pipeline:
             raise ValueError("the same processor object is given twice; pass it once")
         self.processors: tuple[LogitsProcessor, ...] = tuple(flat)
         self._row_local_ends = row_local_ends(self.processors)
+        self._kernel_plan = launch_plan(self.processors)
         self.vocab = vocab
         for processor in self.processors:
             processor.bind(vocab)
@@ -207,6 +210,8 @@ class Pipeline:
         processors = self.processors
         if out is not None and not processors:
             return out.copy_(logits)
+        if self._kernel_plan is not None and kernels_enabled(logits.device):
+            return self._run_planned(logits, batch, out)
         index = 0
         while index < len(processors):
             processor = processors[index]
@@ -228,6 +233,18 @@ class Pipeline:
                 continue
             logits = processor.process(logits, batch)
             index += 1
+        return logits
+
+    def _run_planned(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The kernel plan (:mod:`~anylogits.core.launch_plan`): on an accelerator the
+        candidates path never runs, so each step runs on the full rows."""
+        for step in self._kernel_plan or ():
+            if out is not None:
+                logits, out = fast_paths.process_into(step, logits, batch, out), None
+            else:
+                logits = step.process(logits, batch)
         return logits
 
     @property

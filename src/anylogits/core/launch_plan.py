@@ -1,0 +1,138 @@
+"""A pipeline's processors as kernel launches, where a fused kernel covers a run of them.
+
+On a CUDA device with kernels on (:func:`anylogits.kernels.kernels_enabled`), a run of
+consecutive processors that one kernel applies together is replaced by one step that
+launches it: today the sampling chain's tail, top-k / top-p / min-p with the temperature
+first or last (:mod:`anylogits.kernels.truncation`). Every other processor runs as it
+is, and off CUDA the plan is never used: the torch processors stay the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from anylogits.core.fast_paths import FastPaths
+from anylogits.core.processor import LogitsProcessor
+
+if TYPE_CHECKING:
+    from anylogits.core.batch import Batch
+
+_TRUNCATIONS = frozenset({"top_k", "top_p", "min_p"})
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...] | None:
+    """``processors`` with each run a kernel covers replaced by its fused step; ``None``
+    when no run is covered (the plan would be the processors themselves)."""
+    plan: list[LogitsProcessor] = []
+    index = 0
+    fused = False
+    while index < len(processors):
+        end = _covered_run_end(processors, index)
+        if end > index:
+            plan.append(FusedTruncation(processors[index:end]))
+            fused, index = True, end
+        else:
+            plan.append(processors[index])
+            index += 1
+    return tuple(plan) if fused else None
+
+
+def _fusable(processor: LogitsProcessor) -> str | None:
+    """The kind the truncation kernel applies ``processor`` as, or ``None``."""
+    kind = type(processor).spec_name
+    if kind in ("temperature", "top_k"):
+        return kind
+    if kind in ("top_p", "min_p") and processor.config().get("min_tokens_to_keep") == 1:
+        return kind
+    return None
+
+
+def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
+    """The end of the longest run from ``start`` the truncation kernel covers (``start``
+    when none): each kind at most once, at least one truncation, the temperature only
+    first or last."""
+    kinds: list[str] = []
+    for processor in processors[start:]:
+        kind = _fusable(processor)
+        if kind is None or kind in kinds:
+            break
+        kinds.append(kind)
+        if kind == "temperature" and len(kinds) > 1:
+            break  # a temperature after truncations ends the run
+    return start + len(kinds) if _TRUNCATIONS & set(kinds) else start
+
+
+class FusedTruncation(FastPaths):
+    """Top-k, top-p, min-p and a temperature, in the order given, as one kernel launch
+    on CUDA (the processors one after another anywhere else)."""
+
+    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+        self.processors = tuple(processors)
+        kinds = [type(p).spec_name for p in self.processors]
+        configs = {kind: p.config() for kind, p in zip(kinds, self.processors, strict=True)}
+        order = {kind: position for position, kind in enumerate(kinds)}
+        top_k = configs.get("top_k")
+        self.top_k = max(top_k["top_k"], top_k["min_tokens_to_keep"]) if top_k else 0
+        self.top_p = configs["top_p"]["top_p"] if "top_p" in configs else 1.0
+        self.min_p = configs["min_p"]["min_p"] if "min_p" in configs else 0.0
+        self.temperature = (
+            configs["temperature"]["temperature"] if "temperature" in configs else 1.0
+        )
+        p_at = order.get("top_p", len(kinds))
+        self.k_before_p = order.get("top_k", len(kinds)) < p_at
+        self.min_p_before_p = order.get("min_p", len(kinds)) < p_at
+        self.temperature_first = kinds[0] == "temperature"
+        self._parameters: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    def config(self) -> dict[str, Any]:
+        return {"processors": [p.to_spec() for p in self.processors]}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self._run(logits, batch, logits)
+
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return self._run(logits, batch, out)
+
+    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        from anylogits.kernels import kernels_enabled
+
+        if logits.dtype not in _FUSED_DTYPES or not kernels_enabled(logits.device):
+            if out is not logits:
+                logits = out.copy_(logits)
+            for processor in self.processors:
+                logits = processor.process(logits, batch)
+            return logits
+        from anylogits.kernels.truncation import truncate
+
+        top_k, top_p, min_p, temperature = self._on(logits.device)
+        return truncate(
+            logits,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            temperature=temperature,
+            k_before_p=self.k_before_p,
+            min_p_before_p=self.min_p_before_p,
+            temperature_first=self.temperature_first,
+            parameters_per_row=False,
+            out=out,
+        )
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The parameters as one-element tensors on ``device``, made once."""
+        parameters = self._parameters.get(device)
+        if parameters is None:
+            from anylogits.core.transfer import to_device
+
+            host = (
+                torch.tensor([self.top_k], dtype=torch.int64),
+                torch.tensor([self.top_p], dtype=torch.float32),
+                torch.tensor([self.min_p], dtype=torch.float32),
+                torch.tensor([self.temperature], dtype=torch.float32),
+            )
+            parameters = self._parameters[device] = tuple(to_device(t, device) for t in host)
+        return parameters

@@ -1,0 +1,229 @@
+"""One launch for the sampling chain's tail: top-k, top-p, min-p and temperature.
+
+:func:`truncate` applies, per row, the truncations a pipeline holds in a run (each with
+its own per-row parameter, a disabled row included) and the temperature, in one Triton
+kernel, sort-free: each row's thresholds are found by bisection over the order of its
+float32 values (a pass over the row per bit), so the result is the same set of kept
+tokens as the catalogue's processors (the torch reference) give, ties included:
+
+- top-k keeps every logit at least the k-th highest (``k = 0``: off);
+- top-p keeps a logit when the mass of the logits above it (among those the truncations
+  before it kept) is below ``p`` (``p >= 1``: off): the smallest set that reaches ``p``,
+  and every logit as likely as its last;
+- min-p keeps a logit whose probability is at least ``min_p`` times the top one's
+  (``min_p = 0``: off);
+- the temperature divides the logits before the truncations (``generate``'s order) or
+  the survivors after them (the benchmarks' chain).
+
+Top-k and min-p commute with each other and, after top-p, act as intersections; before
+top-p they decide the set whose mass top-p measures. Masses are float32 sums in the
+kernel's order, not the CPU's: a token within float rounding of the top-p or min-p
+boundary may be kept here and not there (the tests count such rows).
+
+The interpreter tests (``tests/test_kernels.py``, ``TRITON_INTERPRET=1``) hold the kernel
+to :class:`~anylogits.TopK`, :class:`~anylogits.TopP`, :class:`~anylogits.MinP` and
+:class:`~anylogits.Temperature` on the accelerator branch. Each parameter is a per-row
+device tensor (or one for every row), so one launch serves rows with different
+parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+# Columns per step of a pass; rows are split across the steps, not across programs (a
+# program per row).
+BLOCK = 4096
+
+
+def truncate(
+    logits: torch.Tensor,
+    *,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    temperature: torch.Tensor,
+    k_before_p: bool,
+    min_p_before_p: bool,
+    temperature_first: bool,
+    parameters_per_row: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The truncated (and scaled) ``(B, V)`` ``logits`` (float32, float16 or bfloat16;
+    computed in float32), into ``out`` (default: a new tensor); parameters are ``(B,)``
+    tensors on the logits' device (one-element tensors for every row when not
+    ``parameters_per_row``): ``top_k`` int64, ``top_p``, ``min_p`` and ``temperature``
+    float32."""
+    rows, width = logits.shape
+    if out is None:
+        out = torch.empty_like(logits)
+    if rows == 0:
+        return out
+    _truncate_rows[(rows,)](
+        logits,
+        out,
+        top_k,
+        top_p,
+        min_p,
+        temperature,
+        width,
+        logits.stride(0),
+        out.stride(0),
+        1 if parameters_per_row else 0,
+        K_BEFORE_P=k_before_p,
+        MIN_P_BEFORE_P=min_p_before_p,
+        TEMPERATURE_FIRST=temperature_first,
+        BFLOAT16=logits.dtype == torch.bfloat16,
+        BLOCK=min(BLOCK, triton.next_power_of_2(width)),
+    )
+    return out
+
+
+@triton.jit
+def _ordered_key(x: Any) -> Any:
+    # float32 bits as an int64 that orders like the floats (-inf lowest).
+    bits = x.to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(bits < 0, -1 - bits, bits + 2147483648)
+
+
+@triton.jit
+def _to_bfloat16_values(x: Any) -> Any:
+    # float32 rounded to the nearest bfloat16 (ties to even), still float32: a store
+    # then converts exactly (Triton's interpreter truncates instead of rounding).
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rounded(x: Any, dtype: tl.constexpr, BFLOAT16: tl.constexpr) -> Any:
+    """``x`` rounded to the logits' ``dtype`` (as float32), as torch rounds a result."""
+    if BFLOAT16:
+        return _to_bfloat16_values(x)
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _block(
+    source: Any,
+    start: Any,
+    columns: Any,
+    width: Any,
+    temperature: Any,
+    TEMPERATURE_FIRST: tl.constexpr,
+    BFLOAT16: tl.constexpr,
+) -> Any:
+    """A block of the row as the truncations see it (float32; divided by the temperature
+    first and rounded to the logits' dtype, as the torch processor divides in place) and
+    which of its columns lie in the row."""
+    inside = start + columns < width
+    raw = tl.load(source + start + columns, mask=inside, other=-float("inf"))
+    x = raw.to(tl.float32)
+    if TEMPERATURE_FIRST:
+        x = _rounded(x / temperature, raw.dtype, BFLOAT16)
+    return x, inside
+
+
+@triton.jit
+def _truncate_rows(
+    logits_ptr: Any,
+    out_ptr: Any,
+    top_k_ptr: Any,
+    top_p_ptr: Any,
+    min_p_ptr: Any,
+    temperature_ptr: Any,
+    width: Any,
+    logits_stride: Any,
+    out_stride: Any,
+    parameter_stride: Any,
+    K_BEFORE_P: tl.constexpr,
+    MIN_P_BEFORE_P: tl.constexpr,
+    TEMPERATURE_FIRST: tl.constexpr,
+    BFLOAT16: tl.constexpr,
+    BLOCK: tl.constexpr,
+) -> None:
+    row = tl.program_id(0)
+    source = logits_ptr + row * logits_stride
+    parameter = row * parameter_stride
+    k = tl.load(top_k_ptr + parameter)
+    p = tl.load(top_p_ptr + parameter)
+    min_p = tl.load(min_p_ptr + parameter)
+    temperature = tl.load(temperature_ptr + parameter)
+    columns = tl.arange(0, BLOCK)
+
+    top = -float("inf")
+    for start in range(0, width, BLOCK):
+        x, inside = _block(source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16)
+        top = tl.maximum(top, tl.max(x, axis=0))
+
+    # Top-k: the largest key with at least k logits at or above it: the k-th highest
+    # logit's (a pass over the row per bit).
+    k_key = tl.zeros((), dtype=tl.int64)
+    if k > 0 and k < width:
+        low = tl.zeros((), dtype=tl.int64)
+        high = tl.full((), 4294967295, tl.int64)
+        for _ in range(32):
+            middle = low + (high - low + 1) // 2
+            count = tl.zeros((), dtype=tl.int64)
+            for start in range(0, width, BLOCK):
+                x, inside = _block(
+                    source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
+                )
+                count += tl.sum((inside & (_ordered_key(x) >= middle)).to(tl.int64), axis=0)
+            if count >= k:
+                low = middle
+            else:
+                high = middle - 1
+        k_key = low
+    # Min-p: p(x) >= min_p * p(top)  <=>  x - top >= log(min_p).
+    min_p_floor = tl.log(min_p) + top if min_p > 0 else -float("inf")
+
+    # Top-p over the logits the truncations before it kept: the smallest key above
+    # which the mass is below p of theirs; a logit at or above it is kept.
+    p_key = tl.zeros((), dtype=tl.int64)
+    if p < 1.0:
+        total = tl.zeros((), dtype=tl.float32)
+        for start in range(0, width, BLOCK):
+            x, inside = _block(
+                source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
+            )
+            if K_BEFORE_P:
+                inside = inside & (_ordered_key(x) >= k_key)
+            if MIN_P_BEFORE_P:
+                inside = inside & (x >= min_p_floor)
+            total += tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0)
+        goal = p * total
+        low = tl.zeros((), dtype=tl.int64)
+        high = tl.full((), 4294967295, tl.int64)
+        for _ in range(32):
+            middle = low + (high - low) // 2
+            above = tl.zeros((), dtype=tl.float32)
+            for start in range(0, width, BLOCK):
+                x, inside = _block(
+                    source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
+                )
+                key = _ordered_key(x)
+                if K_BEFORE_P:
+                    inside = inside & (key >= k_key)
+                if MIN_P_BEFORE_P:
+                    inside = inside & (x >= min_p_floor)
+                above += tl.sum(tl.where(inside & (key > middle), tl.exp(x - top), 0.0), axis=0)
+            if above < goal:
+                high = middle
+            else:
+                low = middle + 1
+        p_key = low
+
+    target = out_ptr + row * out_stride
+    for start in range(0, width, BLOCK):
+        x, inside = _block(source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16)
+        key = _ordered_key(x)
+        keep = (key >= k_key) & (key >= p_key) & (x >= min_p_floor)
+        value = x if TEMPERATURE_FIRST else x / temperature
+        if BFLOAT16:
+            value = _to_bfloat16_values(value)
+        tl.store(target + start + columns, tl.where(keep, value, -float("inf")), mask=inside)

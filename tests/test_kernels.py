@@ -1,0 +1,235 @@
+"""The Triton kernels against the torch processors they replace, on the CPU through
+Triton's interpreter (issue 43).
+
+``nox -s kernels`` runs this file with ``TRITON_INTERPRET=1`` (Triton installed); without
+both it skips. The reference is the catalogue's processors on their accelerator branch
+(host reads forbidden), kernels off. A token within float rounding of a top-p or min-p
+boundary may be kept on one side only (the kernel sums masses in its own order): at most
+one a row, counted; every other token, and every kept value, must be identical.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+
+from anylogits import LogitsProcessor, MinP, Pipeline, Temperature, TopK, TopP, from_spec
+from anylogits.core.launch_plan import FusedTruncation, launch_plan
+from anylogits.core.sync import forbid_host_sync
+from anylogits.engines.native import chain_processors, chain_processors_in_generate_order
+from anylogits.kernels import ENVIRONMENT_SWITCH, interpreting, kernels_enabled, triton_installed
+from test_support.engine_rows import CASES, VOCAB, WIDTH
+from test_support.kept_sets import assert_same_logits
+
+# Compiled on a CUDA device (nox -s gpu), else interpreted on CPU tensors (nox -s kernels).
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = [
+    pytest.mark.skipif(
+        not (triton_installed() and (DEVICE.type == "cuda" or interpreting())),
+        reason="needs Triton and CUDA or TRITON_INTERPRET=1: nox -s kernels runs these",
+    ),
+    # The interpreter's numpy arithmetic warns on -inf - -inf (a row of -inf only).
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+# (top_k, top_p, min_p, temperature) per row, cycled over the batch: every parameter off
+# in some row, tiny and large k, a nucleus of one token, a temperature above and below 1.
+PARAMETERS = [
+    (50, 0.9, 0.05, 0.8),
+    (0, 0.5, 0.0, 1.0),
+    (5, 1.0, 0.2, 1.5),
+    (1, 0.95, 0.0, 0.7),
+    (10_000, 0.05, 0.01, 1.0),
+    (3, 0.99, 0.1, 2.0),
+    (0, 1.0, 0.0, 0.5),
+]
+# The processors' order in a pipeline: top-k / min-p before or after top-p, the
+# temperature first (generate's order) or last (the benchmarks' chain).
+ORDERS = {
+    "chain": ("top_k", "top_p", "min_p", "temperature"),
+    "generate": ("temperature", "top_k", "top_p", "min_p"),
+    "min-p first": ("min_p", "top_p", "top_k", "temperature"),
+    "top-p first": ("temperature", "top_p", "min_p", "top_k"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on() -> Iterator[None]:
+    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "1"}):
+        yield
+
+
+def shaped_logits(rows: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Random rows, and the rows a truncation can trip on: ties at the top, one finite
+    token, all -inf, a tail 200 below the head."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, width, generator=generator) * 3
+    shapes = [
+        lambda row: row[:8].fill_(float(row.max()) + 1.0),
+        lambda row: row.fill_(float("-inf")).index_fill_(0, torch.tensor([width // 2]), 0.5),
+        lambda row: row.fill_(float("-inf")),
+        lambda row: row[width // 3 :].sub_(200.0),
+    ]
+    for row, shape in zip(logits[1:], shapes, strict=False):
+        shape(row)
+    return logits.to(DEVICE, dtype)
+
+
+def processors_of(parameters: tuple[int, float, float, float], order: Sequence[str]) -> list[Any]:
+    top_k, top_p, min_p, temperature = parameters
+    made = {
+        "top_k": TopK(top_k) if top_k else None,
+        "top_p": TopP(top_p),
+        "min_p": MinP(min_p),
+        "temperature": Temperature(temperature),
+    }
+    return [made[kind] for kind in order if made[kind] is not None]
+
+
+def kernel_rows(logits: torch.Tensor, order: Sequence[str]) -> torch.Tensor:
+    """Every row through one launch, with its own parameters."""
+    from anylogits.kernels.truncation import truncate
+
+    rows = [PARAMETERS[row % len(PARAMETERS)] for row in range(logits.shape[0])]
+    columns = list(zip(*rows, strict=True))
+    return truncate(
+        logits,
+        top_k=torch.tensor(columns[0], dtype=torch.int64, device=DEVICE),
+        top_p=torch.tensor(columns[1], dtype=torch.float32, device=DEVICE),
+        min_p=torch.tensor(columns[2], dtype=torch.float32, device=DEVICE),
+        temperature=torch.tensor(columns[3], dtype=torch.float32, device=DEVICE),
+        k_before_p=order.index("top_k") < order.index("top_p"),
+        min_p_before_p=order.index("min_p") < order.index("top_p"),
+        temperature_first=order[0] == "temperature",
+    )
+
+
+def reference_rows(logits: torch.Tensor, order: Sequence[str]) -> torch.Tensor:
+    """Each row through the torch processors with its parameters (kernels off)."""
+    results = []
+    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+        for row in range(logits.shape[0]):
+            processors = processors_of(PARAMETERS[row % len(PARAMETERS)], order)
+            results.append(Pipeline(processors)(logits[row : row + 1].clone()))
+    return torch.cat(results)
+
+
+def assert_kernel_matches(logits: torch.Tensor, order: Sequence[str], label: str) -> int:
+    actual, expected = kernel_rows(logits, order), reference_rows(logits, order)
+    assert actual.dtype == expected.dtype
+    flips = assert_same_logits(actual.cpu().float(), expected.cpu().float(), label, boundary=True)
+    assert flips <= max(1, logits.shape[0] // 8), f"{label}: {flips} boundary flips"
+    return flips
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_truncation_kernel_keeps_the_processors_tokens(rows: int, order: str) -> None:
+    logits = shaped_logits(rows, 3001, torch.float32, seed=rows)
+    assert_kernel_matches(logits, ORDERS[order], f"B={rows}, {order}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_truncation_kernel_on_half_logits(dtype: torch.dtype) -> None:
+    logits = shaped_logits(7, 3001, dtype, seed=3)
+    for order in ("chain", "generate"):
+        assert_kernel_matches(logits, ORDERS[order], f"{dtype}, {order}")
+
+
+def test_truncation_kernel_across_blocks_and_a_full_vocabulary() -> None:
+    """Rows longer than a block, the last block short (V = 3,001 in blocks of 1,024), and
+    one row of Llama 3's 128,256."""
+    from anylogits.kernels import truncation
+
+    with mock.patch.object(truncation, "BLOCK", 1024):
+        assert_kernel_matches(shaped_logits(7, 3001, torch.float32, 5), ORDERS["chain"], "blocks")
+    assert_kernel_matches(shaped_logits(1, 128_256, torch.float32, 6), ORDERS["chain"], "128k")
+
+
+def test_the_chain_tail_is_one_launch_in_a_pipeline() -> None:
+    """The benchmarks' chain on a device with kernels on: the penalty as it is, then
+    top-k, top-p, min-p and the temperature in one launch; the same tokens as with
+    kernels off, in the transformers hook's form (out=)."""
+    from anylogits.kernels import truncation
+
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(5, 3001, generator=generator) * 3).to(DEVICE)
+    ids = torch.randint(0, 3000, (5, 20), generator=generator).to(DEVICE)
+    for make in (chain_processors, chain_processors_in_generate_order):
+        pipeline = Pipeline(make())
+        assert [type(step) for step in pipeline._kernel_plan or ()][1:] == [FusedTruncation]
+        with mock.patch.object(truncation, "truncate", wraps=truncation.truncate) as launches:
+            actual = pipeline(logits.clone(), ids, out=torch.empty_like(logits))
+        with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+            expected = Pipeline(make())(logits.clone(), ids)
+        assert launches.call_count == 1
+        assert_same_logits(actual.cpu(), expected.cpu(), make.__name__, boundary=True)
+
+
+def test_plans_cover_only_what_the_kernel_applies() -> None:
+    def kinds(processors: list[LogitsProcessor]) -> list[Any]:
+        plan = launch_plan(processors)
+        if plan is None:
+            return []
+        return [
+            [type(p).spec_name for p in step.processors]
+            if isinstance(step, FusedTruncation)
+            else type(step).spec_name
+            for step in plan
+        ]
+
+    assert kinds([Temperature(0.7)]) == []  # no truncation: nothing to fuse
+    assert kinds([TopP(0.9, min_tokens_to_keep=2)]) == []  # min_tokens_to_keep: torch
+    assert kinds([TopK(5), Temperature(0.5), TopP(0.9)]) == [["top_k", "temperature"], ["top_p"]]
+    assert kinds([TopK(5), TopK(3)]) == [["top_k"], ["top_k"]]
+    assert kinds([Temperature(0.5), TopK(5), MinP(0.1), Temperature(2.0)]) == [
+        ["temperature", "top_k", "min_p"],
+        "temperature",
+    ]
+
+
+def test_kernels_are_off_unless_asked_for() -> None:
+    assert kernels_enabled(DEVICE)  # the fixture's ANYLOGITS_KERNELS=1
+    for value in ("0", ""):
+        with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: value}):
+            assert not kernels_enabled(DEVICE)
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "0"}):
+        assert not kernels_enabled(torch.device("cpu"))  # CPU tensors: the interpreter only
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in sorted(CASES) if CASES[n]["type"] in ("top_k", "top_p", "min_p")]
+)
+def test_catalogue_cases_through_the_kernel(name: str) -> None:
+    """Each catalogue truncation alone, as a pipeline plans it (min_tokens_to_keep > 1
+    stays on torch), on the catalogue's rows."""
+    logits = shaped_logits(7, WIDTH, torch.float32, seed=11)
+    pipeline = Pipeline([from_spec(CASES[name])], VOCAB)
+    actual = pipeline(logits.clone())
+    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+        expected = Pipeline([from_spec(CASES[name])], VOCAB)(logits.clone())
+    assert_same_logits(actual.cpu(), expected.cpu(), name, boundary=True)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="a synchronizing call exists on CUDA only")
+def test_the_planned_chain_does_not_synchronize() -> None:
+    """The chain with its tail in one launch, a decode step after warm-up, under
+    ``torch.cuda.set_sync_debug_mode("error")``: the kernel's parameters are device
+    constants, the launch reads nothing back."""
+    pipeline = Pipeline(chain_processors())
+    logits = shaped_logits(4, 3001, torch.float32, seed=2)
+    ids = torch.randint(0, 3000, (4, 20), device=DEVICE)
+    out = torch.empty_like(logits)
+    for _ in range(2):
+        pipeline(logits, ids, out=out)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pipeline(logits, ids, out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
