@@ -18,8 +18,17 @@ from unittest import mock
 import pytest
 import torch
 
-from anylogits import LogitsProcessor, MinP, Pipeline, Temperature, TopK, TopP, from_spec
-from anylogits.core.launch_plan import FusedTruncation, launch_plan
+from anylogits import (
+    LogitsProcessor,
+    MinP,
+    Pipeline,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+    from_spec,
+)
+from anylogits.core.launch_plan import FusedRepetitionPenalty, FusedTruncation, launch_plan
 from anylogits.core.sync import forbid_host_sync
 from anylogits.engines.native import chain_processors, chain_processors_in_generate_order
 from anylogits.kernels import ENVIRONMENT_SWITCH, interpreting, kernels_enabled, triton_installed
@@ -162,7 +171,10 @@ def test_the_chain_tail_is_one_launch_in_a_pipeline() -> None:
     ids = torch.randint(0, 3000, (5, 20), generator=generator).to(DEVICE)
     for make in (chain_processors, chain_processors_in_generate_order):
         pipeline = Pipeline(make())
-        assert [type(step) for step in pipeline._kernel_plan or ()][1:] == [FusedTruncation]
+        assert [type(step) for step in pipeline._kernel_plan or ()] == [
+            FusedRepetitionPenalty,
+            FusedTruncation,
+        ]
         with mock.patch.object(truncation, "truncate", wraps=truncation.truncate) as launches:
             actual = pipeline(logits.clone(), ids, out=torch.empty_like(logits))
         with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
@@ -233,3 +245,47 @@ def test_the_planned_chain_does_not_synchronize() -> None:
         pipeline(logits, ids, out=out)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_repetition_penalty_kernel_penalizes_as_the_processor(
+    rows: int, dtype: torch.dtype
+) -> None:
+    """Every row's history, repeats and ids past the logits included (a wider embedding),
+    with a window too: the processor's logits exactly."""
+    from anylogits.kernels import penalties
+
+    generator = torch.Generator().manual_seed(rows)
+    logits = shaped_logits(rows, 3001, dtype, seed=rows)
+    ids = torch.randint(0, 3010, (rows, 700), generator=generator)
+    ids[:, 600:] = ids[:, :100]  # repeats, across the kernel's blocks of ids
+    ids = ids.to(DEVICE)
+    for context_size in (None, 64):
+        processor = RepetitionPenalty(1.3, context_size=context_size)
+        with mock.patch.object(penalties, "BLOCK", 1024):
+            actual = Pipeline([processor])(logits.clone(), ids, out=torch.empty_like(logits))
+        with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+            expected = Pipeline([RepetitionPenalty(1.3, context_size)])(logits.clone(), ids)
+        assert not torch.equal(expected.cpu(), logits.cpu())  # the penalty did something
+        assert_same_logits(actual.cpu(), expected.cpu(), f"B={rows}, window {context_size}")
+
+
+def test_the_planned_chain_is_two_launches() -> None:
+    """The benchmarks' chain on full device rows: the penalty, then the truncations and
+    the temperature, one launch each."""
+    from anylogits.kernels import penalties, truncation
+
+    logits = shaped_logits(5, 3001, torch.float32, seed=9)
+    ids = torch.randint(0, 3000, (5, 40), generator=torch.Generator().manual_seed(9))
+    ids = ids.to(DEVICE)
+    pipeline = Pipeline(chain_processors())
+    with (
+        mock.patch.object(penalties, "repetition_penalty", wraps=penalties.repetition_penalty) as a,
+        mock.patch.object(truncation, "truncate", wraps=truncation.truncate) as b,
+    ):
+        actual = pipeline(logits.clone(), ids, out=torch.empty_like(logits))
+    assert (a.call_count, b.call_count) == (1, 1)
+    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+        expected = Pipeline(chain_processors())(logits.clone(), ids)
+    assert_same_logits(actual.cpu(), expected.cpu(), "chain", boundary=True)

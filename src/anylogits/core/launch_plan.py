@@ -35,6 +35,9 @@ def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor,
         if end > index:
             plan.append(FusedTruncation(processors[index:end]))
             fused, index = True, end
+        elif type(processors[index]).spec_name == "repetition_penalty":
+            plan.append(FusedRepetitionPenalty(processors[index]))
+            fused, index = True, index + 1
         else:
             plan.append(processors[index])
             index += 1
@@ -136,3 +139,50 @@ class FusedTruncation(FastPaths):
             )
             parameters = self._parameters[device] = tuple(to_device(t, device) for t in host)
         return parameters
+
+
+class FusedRepetitionPenalty(FastPaths):
+    """A :class:`~anylogits.RepetitionPenalty` as one launch on CUDA for full rows whose
+    history is on the logits' device (transformers' ``input_ids``); the processor itself
+    anywhere else (ragged rows, host histories)."""
+
+    def __init__(self, processor: LogitsProcessor) -> None:
+        self.processors = (processor,)
+        self.processor = processor
+        config = processor.config()
+        self.penalty, self.context_size = config["penalty"], config["context_size"]
+        self._parameters: dict[torch.device, torch.Tensor] = {}
+
+    def config(self) -> dict[str, Any]:
+        return {"processors": [self.processor.to_spec()]}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self._run(logits, batch, None)
+
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return self._run(logits, batch, out)
+
+    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None) -> torch.Tensor:
+        from anylogits.core import fast_paths
+        from anylogits.kernels import kernels_enabled
+
+        ids = batch.token_ids if batch.rows_are_full else None
+        if (
+            ids is None
+            or ids.device != logits.device
+            or logits.dtype not in _FUSED_DTYPES
+            or not kernels_enabled(logits.device)
+        ):
+            if out is None:
+                return self.processor.process(logits, batch)
+            return fast_paths.process_into(self.processor, logits, batch, out)
+        from anylogits.core.transfer import to_device
+        from anylogits.kernels.penalties import repetition_penalty
+
+        if self.context_size is not None:
+            ids = ids[:, -self.context_size :]
+        penalty = self._parameters.get(logits.device)
+        if penalty is None:
+            host = torch.tensor([self.penalty], dtype=torch.float32)
+            penalty = self._parameters[logits.device] = to_device(host, logits.device)
+        return repetition_penalty(logits, ids, penalty, parameters_per_row=False, out=out)

@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from anylogits.kernels._rounding import to_bfloat16_values
+
 # Columns per step of a pass; rows are split across the steps, not across programs (a
 # program per row).
 BLOCK = 4096
@@ -91,19 +93,10 @@ def _ordered_key(x: Any) -> Any:
 
 
 @triton.jit
-def _to_bfloat16_values(x: Any) -> Any:
-    # float32 rounded to the nearest bfloat16 (ties to even), still float32: a store
-    # then converts exactly (Triton's interpreter truncates instead of rounding).
-    bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _rounded(x: Any, dtype: tl.constexpr, BFLOAT16: tl.constexpr) -> Any:
     """``x`` rounded to the logits' ``dtype`` (as float32), as torch rounds a result."""
     if BFLOAT16:
-        return _to_bfloat16_values(x)
+        return to_bfloat16_values(x)
     return x.to(dtype).to(tl.float32)
 
 
@@ -225,5 +218,5 @@ def _truncate_rows(
         keep = (key >= k_key) & (key >= p_key) & (x >= min_p_floor)
         value = x if TEMPERATURE_FIRST else x / temperature
         if BFLOAT16:
-            value = _to_bfloat16_values(value)
+            value = to_bfloat16_values(value)
         tl.store(target + start + columns, tl.where(keep, value, -float("inf")), mask=inside)

@@ -1,0 +1,17 @@
+"""Rounding a kernel's float32 results to the logits' dtype as torch rounds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def to_bfloat16_values(x: Any) -> Any:
+    """float32 rounded to the nearest bfloat16 (ties to even), still float32: a store then
+    converts exactly (Triton's interpreter truncates to bfloat16 instead of rounding)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
