@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from anylogits.core.fast_paths import FastPaths
+from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.processor import LogitsProcessor
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...] | None:
     """``processors`` with each run a kernel covers replaced by its fused step; ``None``
     when no run is covered (the plan would be the processors themselves)."""
+    if not _STACKED:
+        _STACKED.update(_stacked_kinds())
     plan: list[LogitsProcessor] = []
     index = 0
     fused = False
@@ -45,13 +47,33 @@ def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor,
 
 
 def _fusable(processor: LogitsProcessor) -> str | None:
-    """The kind the truncation kernel applies ``processor`` as, or ``None``."""
+    """The kind the truncation kernel applies ``processor`` as, or ``None``: the catalogue
+    processor, or the rows of several stacked into one (vLLM's grouped requests)."""
     kind = type(processor).spec_name
     if kind in ("temperature", "top_k"):
         return kind
     if kind in ("top_p", "min_p") and processor.config().get("min_tokens_to_keep") == 1:
         return kind
+    if isinstance(processor, RowwiseProcessor):
+        stacked = _STACKED.get(processor.function)
+        if stacked is not None and processor.parameters.get("min_tokens_to_keep", 1) == 1:
+            return stacked[0]
     return None
+
+
+def _stacked_kinds() -> dict[Any, tuple[str, str]]:
+    """The stacked rows' functions the kernel covers: kind, and the per-row parameter."""
+    from anylogits.processors._ops import divide_rows
+    from anylogits.processors.truncation import _min_p_rows, _top_k_rows
+
+    return {
+        _top_k_rows: ("top_k", "ks"),
+        _min_p_rows: ("min_p", "min_ps"),
+        divide_rows: ("temperature", "divisors"),
+    }
+
+
+_STACKED: dict[Any, tuple[str, str]] = {}
 
 
 def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
@@ -75,16 +97,20 @@ class FusedTruncation(FastPaths):
 
     def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
         self.processors = tuple(processors)
-        kinds = [type(p).spec_name for p in self.processors]
-        configs = {kind: p.config() for kind, p in zip(kinds, self.processors, strict=True)}
+        kinds = [_fusable(p) for p in self.processors]
+        # Per kind: a value for every row, or a DeviceCopies of one per row (stacked).
+        values: dict[str | None, Any] = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+        values["temperature"] = 1.0
+        for kind, processor in zip(kinds, self.processors, strict=True):
+            if isinstance(processor, RowwiseProcessor):
+                values[kind] = processor.parameters[_STACKED[processor.function][1]]
+            elif kind == "top_k":
+                config = processor.config()
+                values[kind] = max(config["top_k"], config["min_tokens_to_keep"])
+            else:
+                values[kind] = processor.config()[str(kind)]
+        self.values = values
         order = {kind: position for position, kind in enumerate(kinds)}
-        top_k = configs.get("top_k")
-        self.top_k = max(top_k["top_k"], top_k["min_tokens_to_keep"]) if top_k else 0
-        self.top_p = configs["top_p"]["top_p"] if "top_p" in configs else 1.0
-        self.min_p = configs["min_p"]["min_p"] if "min_p" in configs else 0.0
-        self.temperature = (
-            configs["temperature"]["temperature"] if "temperature" in configs else 1.0
-        )
         p_at = order.get("top_p", len(kinds))
         self.k_before_p = order.get("top_k", len(kinds)) < p_at
         self.min_p_before_p = order.get("min_p", len(kinds)) < p_at
@@ -92,7 +118,7 @@ class FusedTruncation(FastPaths):
         self._parameters: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def config(self) -> dict[str, Any]:
-        return {"processors": [p.to_spec() for p in self.processors]}
+        return {"processors": [repr(p) for p in self.processors]}
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self._run(logits, batch, logits)
@@ -121,24 +147,33 @@ class FusedTruncation(FastPaths):
             k_before_p=self.k_before_p,
             min_p_before_p=self.min_p_before_p,
             temperature_first=self.temperature_first,
-            parameters_per_row=False,
             out=out,
         )
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """The parameters as one-element tensors on ``device``, made once."""
+        """The parameters on ``device`` (one-element tensors, or one value a row), made
+        once."""
         parameters = self._parameters.get(device)
         if parameters is None:
-            from anylogits.core.transfer import to_device
+            from anylogits.core.transfer import DeviceCopies, to_device
 
-            host = (
-                torch.tensor([self.top_k], dtype=torch.int64),
-                torch.tensor([self.top_p], dtype=torch.float32),
-                torch.tensor([self.min_p], dtype=torch.float32),
-                torch.tensor([self.temperature], dtype=torch.float32),
-            )
-            parameters = self._parameters[device] = tuple(to_device(t, device) for t in host)
+            made = []
+            for kind, dtype in _PARAMETER_DTYPES.items():
+                value = self.values[kind]
+                if isinstance(value, DeviceCopies):
+                    made.append(value.on(device, dtype))
+                else:
+                    made.append(to_device(torch.tensor([value], dtype=dtype), device))
+            parameters = self._parameters[device] = tuple(made)
         return parameters
+
+
+_PARAMETER_DTYPES = {
+    "top_k": torch.int64,
+    "top_p": torch.float32,
+    "min_p": torch.float32,
+    "temperature": torch.float32,
+}
 
 
 class FusedRepetitionPenalty(FastPaths):
@@ -185,4 +220,4 @@ class FusedRepetitionPenalty(FastPaths):
         if penalty is None:
             host = torch.tensor([self.penalty], dtype=torch.float32)
             penalty = self._parameters[logits.device] = to_device(host, logits.device)
-        return repetition_penalty(logits, ids, penalty, parameters_per_row=False, out=out)
+        return repetition_penalty(logits, ids, penalty, out=out)

@@ -28,12 +28,11 @@ def repetition_penalty(
     ids: torch.Tensor,
     penalty: torch.Tensor,
     *,
-    parameters_per_row: bool = True,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``logits`` ``(B, V)`` with the ids of ``ids`` ``(B, L)`` penalized, into ``out``
     (a new tensor by default; never ``logits`` itself: the penalty reads the originals).
-    ``penalty``: ``(B,)`` float32 on the device, or one for every row."""
+    ``penalty``: float32 on the device, one per row or one for every row."""
     rows, width = logits.shape
     if out is None or out.data_ptr() == logits.data_ptr():
         out = torch.empty_like(logits)
@@ -51,7 +50,7 @@ def repetition_penalty(
         out.stride(0),
         ids.stride(0),
         ids.stride(1),
-        1 if parameters_per_row else 0,
+        0 if penalty.numel() == 1 else 1,
         BFLOAT16=logits.dtype == torch.bfloat16,
         BLOCK=block,
         IDS_BLOCK=min(_IDS_BLOCK, triton.next_power_of_2(max(ids.shape[1], 1))),

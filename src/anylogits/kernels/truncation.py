@@ -52,14 +52,12 @@ def truncate(
     k_before_p: bool,
     min_p_before_p: bool,
     temperature_first: bool,
-    parameters_per_row: bool = True,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The truncated (and scaled) ``(B, V)`` ``logits`` (float32, float16 or bfloat16;
-    computed in float32), into ``out`` (default: a new tensor); parameters are ``(B,)``
-    tensors on the logits' device (one-element tensors for every row when not
-    ``parameters_per_row``): ``top_k`` int64, ``top_p``, ``min_p`` and ``temperature``
-    float32."""
+    computed in float32), into ``out`` (default: a new tensor; ``logits`` itself works).
+    Each parameter is a device tensor of one value per row, or of one value for every
+    row: ``top_k`` int64, ``top_p``, ``min_p`` and ``temperature`` float32."""
     rows, width = logits.shape
     if out is None:
         out = torch.empty_like(logits)
@@ -75,7 +73,7 @@ def truncate(
         width,
         logits.stride(0),
         out.stride(0),
-        1 if parameters_per_row else 0,
+        *(0 if parameter.numel() == 1 else 1 for parameter in (top_k, top_p, min_p, temperature)),
         K_BEFORE_P=k_before_p,
         MIN_P_BEFORE_P=min_p_before_p,
         TEMPERATURE_FIRST=temperature_first,
@@ -132,7 +130,10 @@ def _truncate_rows(
     width: Any,
     logits_stride: Any,
     out_stride: Any,
-    parameter_stride: Any,
+    k_stride: Any,
+    p_stride: Any,
+    min_p_stride: Any,
+    temperature_stride: Any,
     K_BEFORE_P: tl.constexpr,
     MIN_P_BEFORE_P: tl.constexpr,
     TEMPERATURE_FIRST: tl.constexpr,
@@ -141,11 +142,10 @@ def _truncate_rows(
 ) -> None:
     row = tl.program_id(0)
     source = logits_ptr + row * logits_stride
-    parameter = row * parameter_stride
-    k = tl.load(top_k_ptr + parameter)
-    p = tl.load(top_p_ptr + parameter)
-    min_p = tl.load(min_p_ptr + parameter)
-    temperature = tl.load(temperature_ptr + parameter)
+    k = tl.load(top_k_ptr + row * k_stride)
+    p = tl.load(top_p_ptr + row * p_stride)
+    min_p = tl.load(min_p_ptr + row * min_p_stride)
+    temperature = tl.load(temperature_ptr + row * temperature_stride)
     columns = tl.arange(0, BLOCK)
 
     top = -float("inf")
