@@ -19,9 +19,11 @@ import pytest
 import torch
 
 from anylogits import (
+    FrequencyPenalty,
     LogitsProcessor,
     MinP,
     Pipeline,
+    PresencePenalty,
     RepetitionPenalty,
     Temperature,
     TopK,
@@ -332,3 +334,37 @@ def test_stacked_requests_run_in_one_launch() -> None:
     with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
         expected = batch().process(logits.clone())
     assert_kernel_logits(actual, expected, "stacked", boundary=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_output_penalties_kernel_penalizes_as_the_processors(dtype: torch.dtype) -> None:
+    """Presence then frequency (and the other order) over steps of a generation: only
+    the generated tokens count, repeats counted, ids past the logits skipped; the
+    processors' logits exactly, in one launch a step."""
+    from anylogits.kernels import penalties
+
+    generator = torch.Generator().manual_seed(8)
+    prompts = torch.randint(0, 3010, (7, 30), generator=generator)
+    for kinds in (("presence", "frequency"), ("frequency", "presence")):
+        made = {"presence": PresencePenalty(0.4), "frequency": FrequencyPenalty(0.3)}
+        pipeline = Pipeline([made[kind] for kind in kinds])
+        with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}):
+            again = {"presence": PresencePenalty(0.4), "frequency": FrequencyPenalty(0.3)}
+            reference = Pipeline([again[kind] for kind in kinds])
+        ids = prompts
+        for step in range(4):
+            logits = shaped_logits(7, 3001, dtype, seed=step)
+            with mock.patch.object(
+                penalties, "output_penalties", wraps=penalties.output_penalties
+            ) as launches:
+                actual = pipeline(logits.clone(), ids.to(DEVICE), out=torch.empty_like(logits))
+            with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+                expected = reference(logits.clone(), ids.to(DEVICE))
+            assert launches.call_count == 1
+            if step:
+                assert not torch.equal(expected.cpu(), logits.cpu())  # generated tokens count
+            assert_kernel_logits(actual, expected, f"{kinds}, step {step}")
+            # The next token: a repeat of the last generated one in some rows.
+            following = torch.randint(0, 3010, (7, 1), generator=generator)
+            following[::2] = ids[::2, -1:]
+            ids = torch.cat([ids, following], dim=1)

@@ -40,6 +40,14 @@ def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor,
         elif type(processors[index]).spec_name == "repetition_penalty":
             plan.append(FusedRepetitionPenalty(processors[index]))
             fused, index = True, index + 1
+        elif _output_penalty(processors[index]) is not None:
+            end = index + 1
+            kinds = {_output_penalty(processors[index])}
+            while end < len(processors) and _output_penalty(processors[end]) not in (None, *kinds):
+                kinds.add(_output_penalty(processors[end]))
+                end += 1
+            plan.append(FusedOutputPenalties(processors[index:end]))
+            fused, index = True, end
         else:
             plan.append(processors[index])
             index += 1
@@ -58,6 +66,21 @@ def _fusable(processor: LogitsProcessor) -> str | None:
         stacked = _STACKED.get(processor.function)
         if stacked is not None and processor.parameters.get("min_tokens_to_keep", 1) == 1:
             return stacked[0]
+    return None
+
+
+def _output_penalty(processor: LogitsProcessor) -> str | None:
+    """``"presence"`` / ``"frequency"`` for OpenAI's penalties (stacked rows included),
+    else ``None``."""
+    from anylogits.processors.penalties import _frequency_penalty, _presence_penalty
+
+    kind = type(processor).spec_name
+    if kind in ("presence_penalty", "frequency_penalty"):
+        return kind.split("_")[0]
+    if isinstance(processor, RowwiseProcessor):
+        return {_presence_penalty: "presence", _frequency_penalty: "frequency"}.get(
+            processor.function
+        )
     return None
 
 
@@ -221,3 +244,54 @@ class FusedRepetitionPenalty(FastPaths):
             host = torch.tensor([self.penalty], dtype=torch.float32)
             penalty = self._parameters[logits.device] = to_device(host, logits.device)
         return repetition_penalty(logits, ids, penalty, out=out)
+
+
+class FusedOutputPenalties(FastPaths):
+    """OpenAI's presence and frequency penalties (one of each at most, in the order
+    given) as one launch on CUDA when the history is on the logits' device; the
+    processors one after another anywhere else."""
+
+    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+        self.processors = tuple(processors)
+        self.kinds = [_output_penalty(p) for p in self.processors]
+        # Each processor's per-row penalties (one value for every row unless stacked).
+        self.values = {
+            kind: (p.parameters["penalty"] if isinstance(p, RowwiseProcessor) else p._penalties)  # type: ignore[attr-defined]
+            for kind, p in zip(self.kinds, self.processors, strict=True)
+        }
+
+    def config(self) -> dict[str, Any]:
+        return {"processors": [repr(p) for p in self.processors]}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self._run(logits, batch, None)
+
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return self._run(logits, batch, out)
+
+    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None) -> torch.Tensor:
+        from anylogits.kernels import kernels_enabled
+
+        if logits.dtype not in _FUSED_DTYPES or not kernels_enabled(logits.device):
+            if out is not None:
+                logits = out.copy_(logits)
+            for processor in self.processors:
+                logits = processor.process(logits, batch)
+            return logits
+        from anylogits.core.transfer import to_device
+        from anylogits.kernels.penalties import output_penalties
+
+        ids = to_device(batch.token_ids, logits.device)
+        generated = to_device(batch.generated_lengths, logits.device)
+        penalties = {
+            kind: values.on(logits.device, torch.float32) for kind, values in self.values.items()
+        }
+        return output_penalties(
+            logits,
+            ids,
+            generated,
+            presence=penalties.get("presence"),
+            frequency=penalties.get("frequency"),
+            presence_first=self.kinds[0] == "presence",
+            out=out,
+        )

@@ -101,3 +101,131 @@ def _repetition_penalty_rows(
         if BFLOAT16:
             penalized = to_bfloat16_values(penalized)
         tl.store(target + ids, penalized, mask=mine)
+
+
+def output_penalties(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    generated: torch.Tensor,
+    *,
+    presence: torch.Tensor | None,
+    frequency: torch.Tensor | None,
+    presence_first: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``logits`` ``(B, V)`` with OpenAI's presence and frequency penalties (vLLM's
+    arithmetic: ``x - presence`` for a token generated at least once, ``x - frequency *
+    count``) on the tokens each row generated: the last ``generated[row]`` columns of its
+    ``ids`` ``(B, L)``; ids past the logits are skipped. Into ``out`` (a new tensor by
+    default; never ``logits`` itself). Penalties: float32 on the device, one per row or
+    one for every row; ``None``: not applied. ``presence_first``: the order of the two
+    processors in the pipeline (each result is rounded to the logits' dtype, as each
+    processor rounds it)."""
+    rows, width = logits.shape
+    if out is None or out.data_ptr() == logits.data_ptr():
+        out = torch.empty_like(logits)
+    if rows == 0:
+        return out
+    block = min(BLOCK, triton.next_power_of_2(width))
+    counts = torch.empty(rows, width, dtype=torch.int32, device=logits.device)
+    zero = torch.zeros(1, dtype=torch.float32, device=logits.device)
+    presence_values = zero if presence is None else presence
+    frequency_values = zero if frequency is None else frequency
+    _output_penalty_rows[(rows, triton.cdiv(width, block))](
+        logits,
+        out,
+        counts,
+        ids,
+        generated,
+        presence_values,
+        frequency_values,
+        width,
+        ids.shape[1],
+        logits.stride(0),
+        out.stride(0),
+        ids.stride(0),
+        ids.stride(1),
+        0 if presence_values.numel() == 1 else 1,
+        0 if frequency_values.numel() == 1 else 1,
+        PRESENCE=presence is not None,
+        FREQUENCY=frequency is not None,
+        PRESENCE_FIRST=presence_first,
+        DTYPE_ROUNDING=logits.dtype != torch.float32,
+        BFLOAT16=logits.dtype == torch.bfloat16,
+        BLOCK=block,
+        IDS_BLOCK=min(_IDS_BLOCK, triton.next_power_of_2(max(ids.shape[1], 1))),
+    )
+    return out
+
+
+@triton.jit
+def _in_dtype(x: Any, dtype: tl.constexpr, ROUNDING: tl.constexpr, BFLOAT16: tl.constexpr) -> Any:
+    """``x`` rounded to the logits' dtype (still float32), as a processor's result is."""
+    if BFLOAT16:
+        return to_bfloat16_values(x)
+    if ROUNDING:
+        return x.to(dtype).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _output_penalty_rows(
+    logits_ptr: Any,
+    out_ptr: Any,
+    counts_ptr: Any,
+    ids_ptr: Any,
+    generated_ptr: Any,
+    presence_ptr: Any,
+    frequency_ptr: Any,
+    width: Any,
+    history: Any,
+    logits_stride: Any,
+    out_stride: Any,
+    ids_stride: Any,
+    ids_column_stride: Any,
+    presence_stride: Any,
+    frequency_stride: Any,
+    PRESENCE: tl.constexpr,
+    FREQUENCY: tl.constexpr,
+    PRESENCE_FIRST: tl.constexpr,
+    DTYPE_ROUNDING: tl.constexpr,
+    BFLOAT16: tl.constexpr,
+    BLOCK: tl.constexpr,
+    IDS_BLOCK: tl.constexpr,
+) -> None:
+    row = tl.program_id(0)
+    start = tl.program_id(1) * BLOCK
+    columns = start + tl.arange(0, BLOCK)
+    inside = columns < width
+    counts = counts_ptr + row * width
+    # This program alone counts the columns of its block: zero them, count the generated
+    # ids that fall in it, read the counts back (a barrier between each).
+    tl.store(counts + columns, tl.zeros((BLOCK,), dtype=tl.int32), mask=inside)
+    tl.debug_barrier()
+    end = tl.minimum(start + BLOCK, width)
+    first_generated = history - tl.load(generated_ptr + row)
+    for first in range(0, history, IDS_BLOCK):
+        positions = first + tl.arange(0, IDS_BLOCK)
+        ids = tl.load(
+            ids_ptr + row * ids_stride + positions * ids_column_stride,
+            mask=positions < history,
+            other=-1,
+        )
+        mine = (positions >= first_generated) & (ids >= start) & (ids < end)
+        tl.atomic_add(counts + ids, tl.full((IDS_BLOCK,), 1, tl.int32), mask=mine)
+    tl.debug_barrier()
+    count = tl.load(counts + columns, mask=inside, other=0)
+    raw = tl.load(logits_ptr + row * logits_stride + columns, mask=inside, other=0.0)
+    x = raw.to(tl.float32)
+    presence = tl.load(presence_ptr + row * presence_stride)
+    frequency = tl.load(frequency_ptr + row * frequency_stride)
+    if PRESENCE and PRESENCE_FIRST:
+        x = tl.where(count > 0, _in_dtype(x - presence, raw.dtype, DTYPE_ROUNDING, BFLOAT16), x)
+    if FREQUENCY:
+        penalized = _in_dtype(
+            x - frequency * count.to(tl.float32), raw.dtype, DTYPE_ROUNDING, BFLOAT16
+        )
+        x = tl.where(count > 0, penalized, x)
+    if PRESENCE and not PRESENCE_FIRST:
+        x = tl.where(count > 0, _in_dtype(x - presence, raw.dtype, DTYPE_ROUNDING, BFLOAT16), x)
+    tl.store(out_ptr + row * out_stride + columns, x, mask=inside)
