@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from anylogits.core import fast_paths
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
 from anylogits.core.processor import LogitsProcessor
 
@@ -114,7 +115,45 @@ def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
     return start + len(kinds) if _TRUNCATIONS & set(kinds) else start
 
 
-class FusedTruncation(FastPaths):
+class _KernelStep(FastPaths):
+    """A step of the plan: its processors as one kernel launch where :meth:`launch`
+    can (it returns ``None`` where it cannot), else one after another."""
+
+    processors: tuple[LogitsProcessor, ...]
+
+    def config(self) -> dict[str, Any]:
+        return {"processors": [repr(p) for p in self.processors]}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return self._run(logits, batch, None)
+
+    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
+        return self._run(logits, batch, out)
+
+    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None) -> torch.Tensor:
+        from anylogits.kernels import kernels_enabled
+
+        if logits.dtype in _FUSED_DTYPES and kernels_enabled(logits.device):
+            launched = self.launch(logits, batch, out)
+            if launched is not None:
+                return launched
+        if out is not None:
+            logits = fast_paths.process_into(self.processors[0], logits, batch, out)
+        else:
+            logits = self.processors[0].process(logits, batch)
+        for processor in self.processors[1:]:
+            logits = processor.process(logits, batch)
+        return logits
+
+    def launch(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The result of the kernel (into ``out`` when given), or ``None`` when these
+        rows are not the kernel's (the processors then run)."""
+        raise NotImplementedError
+
+
+class FusedTruncation(_KernelStep):
     """Top-k, top-p, min-p and a temperature, in the order given, as one kernel launch
     on CUDA (the processors one after another anywhere else)."""
 
@@ -140,24 +179,9 @@ class FusedTruncation(FastPaths):
         self.temperature_first = kinds[0] == "temperature"
         self._parameters: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
-    def config(self) -> dict[str, Any]:
-        return {"processors": [repr(p) for p in self.processors]}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self._run(logits, batch, logits)
-
-    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
-        return self._run(logits, batch, out)
-
-    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
-        from anylogits.kernels import kernels_enabled
-
-        if logits.dtype not in _FUSED_DTYPES or not kernels_enabled(logits.device):
-            if out is not logits:
-                logits = out.copy_(logits)
-            for processor in self.processors:
-                logits = processor.process(logits, batch)
-            return logits
+    def launch(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
+    ) -> torch.Tensor | None:
         from anylogits.kernels.truncation import truncate
 
         top_k, top_p, min_p, temperature = self._on(logits.device)
@@ -170,7 +194,7 @@ class FusedTruncation(FastPaths):
             k_before_p=self.k_before_p,
             min_p_before_p=self.min_p_before_p,
             temperature_first=self.temperature_first,
-            out=out,
+            out=logits if out is None else out,
         )
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -199,41 +223,23 @@ _PARAMETER_DTYPES = {
 }
 
 
-class FusedRepetitionPenalty(FastPaths):
+class FusedRepetitionPenalty(_KernelStep):
     """A :class:`~anylogits.RepetitionPenalty` as one launch on CUDA for full rows whose
     history is on the logits' device (transformers' ``input_ids``); the processor itself
     anywhere else (ragged rows, host histories)."""
 
     def __init__(self, processor: LogitsProcessor) -> None:
         self.processors = (processor,)
-        self.processor = processor
         config = processor.config()
         self.penalty, self.context_size = config["penalty"], config["context_size"]
         self._parameters: dict[torch.device, torch.Tensor] = {}
 
-    def config(self) -> dict[str, Any]:
-        return {"processors": [self.processor.to_spec()]}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self._run(logits, batch, None)
-
-    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
-        return self._run(logits, batch, out)
-
-    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None) -> torch.Tensor:
-        from anylogits.core import fast_paths
-        from anylogits.kernels import kernels_enabled
-
+    def launch(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
+    ) -> torch.Tensor | None:
         ids = batch.token_ids if batch.rows_are_full else None
-        if (
-            ids is None
-            or ids.device != logits.device
-            or logits.dtype not in _FUSED_DTYPES
-            or not kernels_enabled(logits.device)
-        ):
-            if out is None:
-                return self.processor.process(logits, batch)
-            return fast_paths.process_into(self.processor, logits, batch, out)
+        if ids is None or ids.device != logits.device:
+            return None
         from anylogits.core.transfer import to_device
         from anylogits.kernels.penalties import repetition_penalty
 
@@ -246,9 +252,9 @@ class FusedRepetitionPenalty(FastPaths):
         return repetition_penalty(logits, ids, penalty, out=out)
 
 
-class FusedOutputPenalties(FastPaths):
+class FusedOutputPenalties(_KernelStep):
     """OpenAI's presence and frequency penalties (one of each at most, in the order
-    given) as one launch on CUDA when the history is on the logits' device; the
+    given) as one launch on CUDA (a host history copied there without blocking); the
     processors one after another anywhere else."""
 
     def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
@@ -260,24 +266,9 @@ class FusedOutputPenalties(FastPaths):
             for kind, p in zip(self.kinds, self.processors, strict=True)
         }
 
-    def config(self) -> dict[str, Any]:
-        return {"processors": [repr(p) for p in self.processors]}
-
-    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return self._run(logits, batch, None)
-
-    def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
-        return self._run(logits, batch, out)
-
-    def _run(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None) -> torch.Tensor:
-        from anylogits.kernels import kernels_enabled
-
-        if logits.dtype not in _FUSED_DTYPES or not kernels_enabled(logits.device):
-            if out is not None:
-                logits = out.copy_(logits)
-            for processor in self.processors:
-                logits = processor.process(logits, batch)
-            return logits
+    def launch(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
+    ) -> torch.Tensor | None:
         from anylogits.core.transfer import to_device
         from anylogits.kernels.penalties import output_penalties
 
