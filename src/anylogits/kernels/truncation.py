@@ -2,9 +2,10 @@
 
 :func:`truncate` applies, per row, the truncations a pipeline holds in a run (each with
 its own per-row parameter, a disabled row included) and the temperature, in one Triton
-kernel, sort-free: each row's thresholds are found by bisection over the order of its
-float32 values (a pass over the row per bit), so the result is the same set of kept
-tokens as the catalogue's processors (the torch reference) give, ties included:
+kernel, sort-free: each row's thresholds are found by a radix select over the order of
+its float32 values (four bits a pass, a 16-bin histogram of counts for top-k and of
+probability mass for top-p: 19 passes over the row in all), so the result is the same set
+of kept tokens as the catalogue's processors (the torch reference) give, ties included:
 
 - top-k keeps every logit at least the k-th highest (``k = 0``: off);
 - top-p keeps a logit when the mass of the logits above it (among those the truncations
@@ -37,9 +38,9 @@ import triton.language as tl
 
 from anylogits.kernels._rounding import to_bfloat16_values
 
-# Columns per step of a pass; rows are split across the steps, not across programs (a
-# program per row).
-BLOCK = 4096
+# Columns per step of a pass (each step holds a (BLOCK, 16) table of digit bins); rows
+# are split across the steps, not across programs (a program per row).
+BLOCK = 1024
 
 
 def truncate(
@@ -153,30 +154,33 @@ def _truncate_rows(
         x, inside = _block(source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16)
         top = tl.maximum(top, tl.max(x, axis=0))
 
-    # Top-k: the largest key with at least k logits at or above it: the k-th highest
-    # logit's (a pass over the row per bit).
+    # Top-k: the k-th highest logit's key, four bits a pass (a radix select: the digit
+    # whose bin holds the k-th of the logits still in question fixes four more bits).
+    bins = tl.arange(0, 16)
     k_key = tl.zeros((), dtype=tl.int64)
     if k > 0 and k < width:
-        low = tl.zeros((), dtype=tl.int64)
-        high = tl.full((), 4294967295, tl.int64)
-        for _ in range(32):
-            middle = low + (high - low + 1) // 2
-            count = tl.zeros((), dtype=tl.int64)
+        needed = k.to(tl.int64)
+        for step in tl.static_range(8):
+            shift = 28 - 4 * step
+            counts = tl.zeros((16,), dtype=tl.int64)
             for start in range(0, width, BLOCK):
                 x, inside = _block(
                     source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
                 )
-                count += tl.sum((inside & (_ordered_key(x) >= middle)).to(tl.int64), axis=0)
-            if count >= k:
-                low = middle
-            else:
-                high = middle - 1
-        k_key = low
+                key = _ordered_key(x)
+                match = inside & ((key >> (shift + 4)) == (k_key >> (shift + 4)))
+                in_bin = (((key >> shift) & 15)[:, None] == bins[None, :]) & match[:, None]
+                counts += tl.sum(in_bin.to(tl.int64), axis=0)
+            at_or_above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
+            chosen = tl.sum((at_or_above >= needed).to(tl.int64), axis=0) - 1
+            needed -= tl.sum(tl.where(bins == chosen, at_or_above - counts, 0), axis=0)
+            k_key += chosen << shift
     # Min-p: p(x) >= min_p * p(top)  <=>  x - top >= log(min_p).
     min_p_floor = tl.log(min_p) + top if min_p > 0 else -float("inf")
 
-    # Top-p over the logits the truncations before it kept: the smallest key above
-    # which the mass is below p of theirs; a logit at or above it is kept.
+    # Top-p over the logits the truncations before it kept: the highest key whose logits
+    # and those above hold at least p of their mass (the same radix select, weighted by
+    # each logit's exp); that logit and every one above it are kept.
     p_key = tl.zeros((), dtype=tl.int64)
     if p < 1.0:
         total = tl.zeros((), dtype=tl.float32)
@@ -189,12 +193,10 @@ def _truncate_rows(
             if MIN_P_BEFORE_P:
                 inside = inside & (x >= min_p_floor)
             total += tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0)
-        goal = p * total
-        low = tl.zeros((), dtype=tl.int64)
-        high = tl.full((), 4294967295, tl.int64)
-        for _ in range(32):
-            middle = low + (high - low) // 2
-            above = tl.zeros((), dtype=tl.float32)
+        remaining = p * total
+        for step in tl.static_range(8):
+            shift = 28 - 4 * step
+            masses = tl.zeros((16,), dtype=tl.float32)
             for start in range(0, width, BLOCK):
                 x, inside = _block(
                     source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
@@ -204,12 +206,14 @@ def _truncate_rows(
                     inside = inside & (key >= k_key)
                 if MIN_P_BEFORE_P:
                     inside = inside & (x >= min_p_floor)
-                above += tl.sum(tl.where(inside & (key > middle), tl.exp(x - top), 0.0), axis=0)
-            if above < goal:
-                high = middle
-            else:
-                low = middle + 1
-        p_key = low
+                match = inside & ((key >> (shift + 4)) == (p_key >> (shift + 4)))
+                weight = tl.where(match, tl.exp(x - top), 0.0)
+                in_bin = ((key >> shift) & 15)[:, None] == bins[None, :]
+                masses += tl.sum(tl.where(in_bin, weight[:, None], 0.0), axis=0)
+            at_or_above = tl.sum(masses, axis=0) - tl.cumsum(masses, axis=0) + masses
+            chosen = tl.sum((at_or_above >= remaining).to(tl.int64), axis=0) - 1
+            remaining -= tl.sum(tl.where(bins == chosen, at_or_above - masses, 0.0), axis=0)
+            p_key += chosen << shift
 
     target = out_ptr + row * out_stride
     for start in range(0, width, BLOCK):
