@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from anylogits import LogitsProcessor, Pipeline, from_spec
-from test_support.emulated_device import EmulatedDevice, on_device
+from test_support.emulated_device import NO_LAUNCH, EmulatedDevice, on_device
 from test_support.engine_rows import CASES, STRUCTURED, VOCAB
 
 LOGITS_WIDTH = 128_256
@@ -152,8 +152,6 @@ def count_launches(
                 with device.counting() as transfers:
                     step(on_device(ids), on_device(scores))
             ids = torch.cat([ids, scores.argmax(-1, keepdim=True) % VOCAB.size], 1)
-    from test_support.emulated_device import NO_LAUNCH
-
     ops = {name: n for name, n in sorted(transfers.ops.items()) if name not in NO_LAUNCH}
     return transfers.launches, ops
 
