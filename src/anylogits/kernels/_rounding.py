@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def to_bfloat16_values(x: Any) -> Any:
+def to_bfloat16_values(x):
     """float32 rounded to the nearest bfloat16 (ties to even), still float32: a store then
     converts exactly (Triton's interpreter truncates to bfloat16 instead of rounding)."""
     bits = x.to(tl.int32, bitcast=True)

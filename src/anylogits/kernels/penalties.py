@@ -11,8 +11,6 @@ over the whole history, no extra column. The interpreter tests hold it to the pr
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -54,27 +52,28 @@ def repetition_penalty(
         BFLOAT16=logits.dtype == torch.bfloat16,
         BLOCK=block,
         IDS_BLOCK=min(_IDS_BLOCK, triton.next_power_of_2(max(ids.shape[1], 1))),
+        enable_fp_fusion=False,  # no fused multiply-add: torch rounds a product first
     )
     return out
 
 
 @triton.jit
 def _repetition_penalty_rows(
-    logits_ptr: Any,
-    out_ptr: Any,
-    ids_ptr: Any,
-    penalty_ptr: Any,
-    width: Any,
-    history: Any,
-    logits_stride: Any,
-    out_stride: Any,
-    ids_stride: Any,
-    ids_column_stride: Any,
-    parameter_stride: Any,
+    logits_ptr,
+    out_ptr,
+    ids_ptr,
+    penalty_ptr,
+    width,
+    history,
+    logits_stride,
+    out_stride,
+    ids_stride,
+    ids_column_stride,
+    parameter_stride,
     BFLOAT16: tl.constexpr,
     BLOCK: tl.constexpr,
     IDS_BLOCK: tl.constexpr,
-) -> None:
+):
     row = tl.program_id(0)
     start = tl.program_id(1) * BLOCK
     columns = start + tl.arange(0, BLOCK)
@@ -154,12 +153,13 @@ def output_penalties(
         BFLOAT16=logits.dtype == torch.bfloat16,
         BLOCK=block,
         IDS_BLOCK=min(_IDS_BLOCK, triton.next_power_of_2(max(ids.shape[1], 1))),
+        enable_fp_fusion=False,  # no fused multiply-add: torch rounds a product first
     )
     return out
 
 
 @triton.jit
-def _in_dtype(x: Any, dtype: tl.constexpr, ROUNDING: tl.constexpr, BFLOAT16: tl.constexpr) -> Any:
+def _in_dtype(x, dtype: tl.constexpr, ROUNDING: tl.constexpr, BFLOAT16: tl.constexpr):
     """``x`` rounded to the logits' dtype (still float32), as a processor's result is."""
     if BFLOAT16:
         return to_bfloat16_values(x)
@@ -170,21 +170,21 @@ def _in_dtype(x: Any, dtype: tl.constexpr, ROUNDING: tl.constexpr, BFLOAT16: tl.
 
 @triton.jit
 def _output_penalty_rows(
-    logits_ptr: Any,
-    out_ptr: Any,
-    counts_ptr: Any,
-    ids_ptr: Any,
-    generated_ptr: Any,
-    presence_ptr: Any,
-    frequency_ptr: Any,
-    width: Any,
-    history: Any,
-    logits_stride: Any,
-    out_stride: Any,
-    ids_stride: Any,
-    ids_column_stride: Any,
-    presence_stride: Any,
-    frequency_stride: Any,
+    logits_ptr,
+    out_ptr,
+    counts_ptr,
+    ids_ptr,
+    generated_ptr,
+    presence_ptr,
+    frequency_ptr,
+    width,
+    history,
+    logits_stride,
+    out_stride,
+    ids_stride,
+    ids_column_stride,
+    presence_stride,
+    frequency_stride,
     PRESENCE: tl.constexpr,
     FREQUENCY: tl.constexpr,
     PRESENCE_FIRST: tl.constexpr,
@@ -192,7 +192,7 @@ def _output_penalty_rows(
     BFLOAT16: tl.constexpr,
     BLOCK: tl.constexpr,
     IDS_BLOCK: tl.constexpr,
-) -> None:
+):
     row = tl.program_id(0)
     start = tl.program_id(1) * BLOCK
     columns = start + tl.arange(0, BLOCK)

@@ -30,8 +30,6 @@ parameters.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -80,19 +78,20 @@ def truncate(
         TEMPERATURE_FIRST=temperature_first,
         BFLOAT16=logits.dtype == torch.bfloat16,
         BLOCK=min(BLOCK, triton.next_power_of_2(width)),
+        enable_fp_fusion=False,  # no fused multiply-add: torch rounds a product first
     )
     return out
 
 
 @triton.jit
-def _ordered_key(x: Any) -> Any:
+def _ordered_key(x):
     # float32 bits as an int64 that orders like the floats (-inf lowest).
     bits = x.to(tl.int32, bitcast=True).to(tl.int64)
     return tl.where(bits < 0, -1 - bits, bits + 2147483648)
 
 
 @triton.jit
-def _rounded(x: Any, dtype: tl.constexpr, BFLOAT16: tl.constexpr) -> Any:
+def _rounded(x, dtype: tl.constexpr, BFLOAT16: tl.constexpr):
     """``x`` rounded to the logits' ``dtype`` (as float32), as torch rounds a result."""
     if BFLOAT16:
         return to_bfloat16_values(x)
@@ -101,14 +100,14 @@ def _rounded(x: Any, dtype: tl.constexpr, BFLOAT16: tl.constexpr) -> Any:
 
 @triton.jit
 def _block(
-    source: Any,
-    start: Any,
-    columns: Any,
-    width: Any,
-    temperature: Any,
+    source,
+    start,
+    columns,
+    width,
+    temperature,
     TEMPERATURE_FIRST: tl.constexpr,
     BFLOAT16: tl.constexpr,
-) -> Any:
+):
     """A block of the row as the truncations see it (float32; divided by the temperature
     first and rounded to the logits' dtype, as the torch processor divides in place) and
     which of its columns lie in the row."""
@@ -122,25 +121,25 @@ def _block(
 
 @triton.jit
 def _truncate_rows(
-    logits_ptr: Any,
-    out_ptr: Any,
-    top_k_ptr: Any,
-    top_p_ptr: Any,
-    min_p_ptr: Any,
-    temperature_ptr: Any,
-    width: Any,
-    logits_stride: Any,
-    out_stride: Any,
-    k_stride: Any,
-    p_stride: Any,
-    min_p_stride: Any,
-    temperature_stride: Any,
+    logits_ptr,
+    out_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    temperature_ptr,
+    width,
+    logits_stride,
+    out_stride,
+    k_stride,
+    p_stride,
+    min_p_stride,
+    temperature_stride,
     K_BEFORE_P: tl.constexpr,
     MIN_P_BEFORE_P: tl.constexpr,
     TEMPERATURE_FIRST: tl.constexpr,
     BFLOAT16: tl.constexpr,
     BLOCK: tl.constexpr,
-) -> None:
+):
     row = tl.program_id(0)
     source = logits_ptr + row * logits_stride
     k = tl.load(top_k_ptr + row * k_stride)
