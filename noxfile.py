@@ -162,8 +162,9 @@ def tests(session: nox.Session) -> None:
 def kernels(session: nox.Session) -> None:
     """The Triton kernels against the torch processors, through Triton's interpreter.
 
-    tests/test_kernels.py on CPU tensors with TRITON_INTERPRET=1 (~1 min on 2 cores); on
-    a CUDA machine nox -s gpu runs the same tests compiled."""
+    tests/test_kernels.py on CPU tensors with TRITON_INTERPRET=1, and each kernel
+    compiled for CUDA without a GPU (~2 min on 2 cores); on a CUDA machine nox -s gpu runs
+    the same tests compiled."""
     session.install(*CONSTRAINTS, "-e", ".[kernels]", *TEST_DEPS)
     session.run(
         "pytest",
