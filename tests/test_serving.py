@@ -4,6 +4,7 @@ run in their backends' sessions (``conformance_tests/test_*_server.py``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import subprocess
@@ -15,7 +16,7 @@ import torch
 
 import anylogits
 from anylogits import LogitBias, NoRepeatNGram, SuppressTokens, to_specs, vllm_xargs
-from anylogits.cli.serve import VLLM_PROCESSOR_CLASS, vllm_command
+from anylogits.cli.serve import VLLM_PROCESSOR_CLASS, help_text, vllm_command
 from anylogits.core.wire import validate_request
 from anylogits.serving import (
     Refused,
@@ -234,3 +235,22 @@ def test_the_specs_a_client_builds_are_the_specs_a_server_admits() -> None:
     admitted = admit(body(*processors), VOCAB, request="r")
     assert admitted.pipeline is not None
     assert to_specs(list(admitted.pipeline.processors)) == to_specs(processors)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this session"
+)
+def test_serve_vllm_without_vllm_says_how_to_install_it() -> None:
+    result = anylogits_serve("vllm", "--model", "m")
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("anylogits serve vllm: No module named 'vllm'; install it"), (
+        result.stderr
+    )
+    assert "pip install" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_serve_vllm_help_names_the_server_and_what_anylogits_sets() -> None:
+    text = help_text("vllm")
+    assert "vLLM's server's own options follow." in text, text
+    assert f"(--logits-processors {VLLM_PROCESSOR_CLASS} added)" in text, text
+    assert "set's own options" not in text

@@ -3,6 +3,7 @@ OpenAI-compatible servers, each taking the same request (``vllm_xargs.anylogits`
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import textwrap
@@ -20,8 +21,10 @@ HELP_FLAGS = ("-h", "--help")
 SERVERS = {
     "llama-cpp": ("llama-cpp-python's server", "--model model.gguf"),
     "mlx": ("mlx-lm's server", "--model model-folder"),
-    "vllm": ("vLLM's server, --logits-processors set", "--model model-folder"),
+    "vllm": ("vLLM's server", "--model model-folder"),
 }
+# What anylogits sets on a server's command line, said in the help.
+SERVER_NOTES = {"vllm": f" (--logits-processors {VLLM_PROCESSOR_CLASS} added)"}
 ENGINES = tuple(SERVERS)
 # What anylogits reads from a server's environment, and what for.
 SERVER_ENVIRONMENT = {
@@ -40,6 +43,7 @@ def help_text(engine: str | None = None) -> str:
     width = max(map(len, engines))
     servers = "\n".join(
         f"  {name:<{width}}  {SERVERS[name][0]}: anylogits serve {name} {SERVERS[name][1]}"
+        f"{SERVER_NOTES.get(name, '')}"
         for name in engines
     )
     then = (
@@ -116,6 +120,8 @@ def serve(argv: Sequence[str]) -> int:
     os.environ.setdefault(LOG_LEVEL_VARIABLE, "INFO")
     configure_logging()
     if engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            return _not_installed(engine, "No module named 'vllm'")
         command = vllm_command(options)
         os.execv(command[0], command)
     try:
@@ -124,9 +130,13 @@ def serve(argv: Sequence[str]) -> int:
         else:
             from anylogits.adapters.mlx.server import main
     except ImportError as error:
-        from anylogits.cli.demo.selection import install_command
-
-        install = install_command(engine.replace("-", "_"))
-        print(f"anylogits serve {engine}: {error}; install it with {install}", file=sys.stderr)
-        return 1
+        return _not_installed(engine, str(error))
     return main(options, prog=f"anylogits serve {engine}")
+
+
+def _not_installed(engine: str, error: str) -> int:
+    from anylogits.cli.demo.selection import install_command
+
+    install = install_command(engine.replace("-", "_"))
+    print(f"anylogits serve {engine}: {error}; install it with {install}", file=sys.stderr)
+    return 1
