@@ -137,8 +137,15 @@ def test_runs_that_differ_or_a_busy_machine_are_a_warning() -> None:
 
 
 def test_the_warning_is_printed_under_the_table() -> None:
-    lines, _ = render([], ["transformers"], {}, [], lambda ids: "", warning="WARNING: busy")
+    lines, _ = render([], ["transformers", "vllm"], {}, [], lambda ids: "", warning="WARNING: busy")
     assert lines[-3:] == ["WARNING: busy", "", "all engines agree with transformers"]
+
+
+def test_transformers_alone_is_not_called_all_engines() -> None:
+    lines, _ = render([], ["transformers"], {}, [], lambda ids: "")
+    assert lines[-1] == (
+        "anylogits agrees with transformers' own processors; no other engine ran to compare"
+    )
 
 
 def test_a_cell_s_progress_line_has_its_verdict_and_costs() -> None:

@@ -12,6 +12,8 @@ from anylogits.cli.demo.selection import SERVE_COMMANDS, install_command
 
 ERROR = "ERROR"
 AGREE = "all engines agree with transformers"
+# When transformers ran alone there was no other engine to agree.
+ONE_ENGINE = "anylogits agrees with transformers' own processors; no other engine ran to compare"
 
 _SHOWN_IDS = 6
 _SHOWN_CHARACTERS = 60
@@ -165,5 +167,12 @@ def render(
     if warning is not None:
         lines += ["", *textwrap.wrap(warning, 88)]
     lines.append("")
-    lines.append(AGREE if not failures else f"{failures} cell(s) fail: see above")
+    lines.append(_verdict(engines, failures))
     return lines, failures
+
+
+def _verdict(engines: list[str], failures: int) -> str:
+    """The table's last line."""
+    if failures:
+        return f"{failures} cell(s) fail: see above"
+    return AGREE if any(engine != "transformers" for engine in engines) else ONE_ENGINE
