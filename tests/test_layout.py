@@ -182,3 +182,31 @@ def test_every_nox_session_lists_with_a_whole_sentence() -> None:
     for session in sessions:
         first = (ast.get_docstring(session) or "").split("\n", 1)[0]
         assert first.endswith(".") and len(first) <= 100, (session.name, first)
+
+
+def test_contributing_names_every_nox_session_as_nox_spells_it() -> None:
+    """Each session in noxfile.py has a bullet in CONTRIBUTING.md under the name `nox -s`
+    takes: ``name``, or ``name(parameter='<value>')`` for a parametrized one."""
+    import ast
+
+    root = Path(__file__).parents[1]
+    tree = ast.parse((root / "noxfile.py").read_text())
+    sessions: dict[str, str | None] = {}
+    for node in tree.body:
+        decorators = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
+        if isinstance(node, ast.FunctionDef) and "nox.session" in decorators:
+            parametrized = [d for d in decorators if d.startswith("nox.parametrize(")]
+            sessions[node.name] = (
+                ast.literal_eval(parametrized[0].split("(", 1)[1].split(",")[0])
+                if parametrized
+                else None
+            )
+    listed = re.findall(r"^- `([^`]+)`:", (root / "CONTRIBUTING.md").read_text(), re.MULTILINE)
+    expected = {
+        name if parameter is None else f"{name}({parameter}='<"
+        for name, parameter in sessions.items()
+    }
+    for name in expected:
+        assert any(item == name or item.startswith(name) for item in listed), (name, listed)
+    for item in listed:
+        assert item.split("(")[0] in sessions, f"CONTRIBUTING.md lists {item}, not a nox session"
