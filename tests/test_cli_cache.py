@@ -53,3 +53,23 @@ def test_a_name_not_in_the_cache_is_refused_naming_the_parts(
     error = capsys.readouterr().err
     assert "not in" in error and "models/nope" in error and "models/real-v1" in error
     assert (cache / "vocab").exists()  # nothing removed when a name is wrong
+
+
+def test_each_model_part_says_what_model_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The files a server's --model takes, not only their folders: a user found the
+    quantized GGUF only by listing the folder."""
+    monkeypatch.setenv("ANYLOGITS_CACHE_DIR", str(tmp_path))
+    quantized = tmp_path / "models" / "real-q4_1"
+    quantized.mkdir(parents=True)
+    (quantized / "Real.Q4_1.gguf").write_bytes(b"x")
+    real = tmp_path / "models" / "real-v1"
+    real.mkdir()
+    for name in ("config.json", "model.safetensors", "model-f32.gguf"):
+        (real / name).write_bytes(b"x")
+    assert main(["cache"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert lines[2] == ["--model", str(quantized / "Real.Q4_1.gguf"), "(llama-cpp)"]
+    assert lines[4] == ["--model", str(real), "(vllm,", "mlx,", "transformers)"]
+    assert lines[5] == ["--model", str(real / "model-f32.gguf"), "(llama-cpp)"]

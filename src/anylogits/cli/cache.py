@@ -1,6 +1,7 @@
 """``anylogits cache``: what anylogits keeps on disk (the demo's real model and its forms,
-tiny models, vocabulary files, schemas, built wheels), where and how large, and
-``--remove`` to delete it (each part is fetched or built again when next needed)."""
+tiny models, vocabulary files, schemas, built wheels), where and how large, what each
+model part gives ``anylogits serve ... --model``, and ``--remove`` to delete it (each part
+is fetched or built again when next needed)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ def cached(root: Path) -> dict[str, Path]:
         else:
             parts[entry.name] = entry
     return parts
+
+
+def model_arguments(path: Path) -> list[tuple[Path, str]]:
+    """What ``--model`` takes from the cached part at ``path``, and for which servers: its
+    GGUF files (llama.cpp), and the folder itself when it holds a model's config.json
+    (vLLM, mlx-lm, transformers)."""
+    if not path.is_dir():
+        return []
+    arguments: list[tuple[Path, str]] = []
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        arguments.append((path, "vllm, mlx, transformers"))
+    arguments += [(gguf, "llama-cpp") for gguf in sorted(path.glob("*.gguf"))]
+    return arguments
 
 
 def _human(size: int) -> str:
@@ -75,6 +89,8 @@ def run_cache(remove: Sequence[str] = ()) -> int:
     width = max(map(len, parts))
     for name, path in parts.items():
         print(f"  {_human(sizes[name]):>8}  {name:<{width}}  {path}")
+        for model, engines in model_arguments(path) if name.startswith("models/") else ():
+            print(f"  {'':>8}  --model {model}  ({engines})")
     print(
         f"  {_human(sum(sizes.values())):>8}  in all. anylogits cache --remove NAME ... (or "
         f"{ALL}) deletes parts; each is fetched or built again when next needed."
