@@ -254,3 +254,12 @@ def test_serve_vllm_help_names_the_server_and_what_anylogits_sets() -> None:
     assert "vLLM's server's own options follow." in text, text
     assert f"(--logits-processors {VLLM_PROCESSOR_CLASS} added)" in text, text
     assert "set's own options" not in text
+
+
+def test_serve_llama_cpp_with_a_missing_model_file_says_so_in_one_line() -> None:
+    result = anylogits_serve("llama-cpp", "--model", "/nonexistent.gguf")
+    assert result.returncode == 2, result
+    assert result.stderr.strip().splitlines() == [
+        "anylogits serve llama-cpp: --model /nonexistent.gguf: no such file; it takes a GGUF "
+        "file (anylogits cache lists the ones anylogits keeps)"
+    ], result.stderr

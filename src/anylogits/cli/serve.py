@@ -8,6 +8,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from anylogits.core.limits import ENVIRONMENT_VARIABLE as LIMITS_VARIABLE
 from anylogits.core.limits import limits
@@ -124,6 +125,11 @@ def serve(argv: Sequence[str]) -> int:
             return _not_installed(engine, "No module named 'vllm'")
         command = vllm_command(options)
         os.execv(command[0], command)
+    wants_help = any(option in HELP_FLAGS for option in options)
+    missing = None if wants_help else _missing_model_file(engine, options)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     try:
         if engine == "llama-cpp":
             from anylogits.adapters.llama_cpp.server import main
@@ -132,6 +138,25 @@ def serve(argv: Sequence[str]) -> int:
     except ImportError as error:
         return _not_installed(engine, str(error))
     return main(options, prog=f"anylogits serve {engine}")
+
+
+def _missing_model_file(engine: str, options: Sequence[str]) -> str | None:
+    """Why llama.cpp's ``--model`` cannot be served (a GGUF file that is not there), or
+    ``None``; the other servers also take a hub name, which is no path."""
+    if engine != "llama-cpp":
+        return None
+    model = None
+    for position, option in enumerate(options):
+        if option in ("--model", "-m") and position + 1 < len(options):
+            model = options[position + 1]
+        elif option.startswith("--model="):
+            model = option.split("=", 1)[1]
+    if model is None or Path(model).is_file():
+        return None
+    return (
+        f"anylogits serve llama-cpp: --model {model}: no such file; it takes a GGUF file "
+        "(anylogits cache lists the ones anylogits keeps)"
+    )
 
 
 def _not_installed(engine: str, error: str) -> int:
