@@ -7,16 +7,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 import anylogits
 from anylogits import LogitBias, NoRepeatNGram, SuppressTokens, to_specs, vllm_xargs
-from anylogits.cli.serve import VLLM_PROCESSOR_CLASS, help_text, vllm_command
+from anylogits.cli.serve import VLLM_PROCESSOR_CLASS, help_text, start_line, vllm_command
+from anylogits.core import limits as limits_module
 from anylogits.core.wire import validate_request
 from anylogits.serving import (
     Refused,
@@ -263,3 +266,26 @@ def test_serve_llama_cpp_with_a_missing_model_file_says_so_in_one_line() -> None
         "anylogits serve llama-cpp: --model /nonexistent.gguf: no such file; it takes a GGUF "
         "file (anylogits cache lists the ones anylogits keeps)"
     ], result.stderr
+
+
+def test_a_server_says_first_that_anylogits_is_active_with_its_plugins_and_limits() -> None:
+    """One line before the engine's own log (llama.cpp's runs to thousands of lines), once
+    the engine is there to start."""
+    with mock.patch.dict(os.environ, {"ANYLOGITS_LIMITS": '{"items": 5}'}):
+        limits_module._current = None
+        try:
+            line = start_line("mlx")
+        finally:
+            limits_module._current = None
+    assert line.startswith("anylogits ") and "active on mlx-lm's server" in line, line
+    assert "plugins loaded:" in line and "ANYLOGITS_PLUGINS" in line, line
+    assert "limits: items=5 (from ANYLOGITS_LIMITS), the rest the defaults" in line, line
+    assert "limits: the defaults" in start_line("mlx")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlx_lm") is not None, reason="mlx-lm is installed in this session"
+)
+def test_no_active_line_when_the_engine_is_not_there() -> None:
+    result = anylogits_serve("mlx", "--model", "m")
+    assert result.returncode == 1 and "active on" not in result.stderr, result.stderr

@@ -79,6 +79,34 @@ Docs: docs/serving.md (one request, any server) and docs/backends/.
 {then}"""
 
 
+def start_line(engine: str) -> str:
+    """The one line a server prints first: anylogits is active there, with the plugins
+    and the limits in force (before the engine's own log, which can run to thousands of
+    lines)."""
+    import dataclasses
+
+    from anylogits import __version__
+    from anylogits.core.limits import Limits
+    from anylogits.core.registry import describe_plugins
+
+    changed = {
+        field.name: getattr(limits(), field.name)
+        for field in dataclasses.fields(Limits)
+        if getattr(limits(), field.name) != field.default
+    }
+    listed = ", ".join(f"{name}={value}" for name, value in changed.items())
+    in_force = (
+        f"{listed} (from {LIMITS_VARIABLE}), the rest the defaults"
+        if changed
+        else f"the defaults (docs/limits.md; {LIMITS_VARIABLE} changes them)"
+    )
+    plugins = describe_plugins().split(". ")[0]
+    return (
+        f"anylogits {__version__}: active on {SERVERS[engine][0]} (requests name processors "
+        f"in vllm_xargs.anylogits); {plugins}; limits: {in_force}"
+    )
+
+
 def vllm_command(argv: Sequence[str]) -> list[str]:
     """vLLM's server command with ``argv``, the anylogits processor class registered
     (``python -m vllm.entrypoints.openai.api_server``: ``vllm serve`` needs the
@@ -120,16 +148,18 @@ def serve(argv: Sequence[str]) -> int:
     # anylogits' log lines (compiled grammars, ended requests) beside the engine's.
     os.environ.setdefault(LOG_LEVEL_VARIABLE, "INFO")
     configure_logging()
-    if engine == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            return _not_installed(engine, "No module named 'vllm'")
-        command = vllm_command(options)
-        os.execv(command[0], command)
     wants_help = any(option in HELP_FLAGS for option in options)
     missing = None if wants_help else _missing_model_file(engine, options)
     if missing is not None:
         print(missing, file=sys.stderr)
         return 2
+    if engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            return _not_installed(engine, "No module named 'vllm'")
+        command = vllm_command(options)
+        if not wants_help:
+            print(start_line(engine), file=sys.stderr, flush=True)
+        os.execv(command[0], command)
     try:
         if engine == "llama-cpp":
             from anylogits.adapters.llama_cpp.server import main
@@ -137,6 +167,8 @@ def serve(argv: Sequence[str]) -> int:
             from anylogits.adapters.mlx.server import main
     except ImportError as error:
         return _not_installed(engine, str(error))
+    if not wants_help:
+        print(start_line(engine), file=sys.stderr, flush=True)
     return main(options, prog=f"anylogits serve {engine}")
 
 
