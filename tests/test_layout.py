@@ -210,3 +210,15 @@ def test_contributing_names_every_nox_session_as_nox_spells_it() -> None:
         assert any(item == name or item.startswith(name) for item in listed), (name, listed)
     for item in listed:
         assert item.split("(")[0] in sessions, f"CONTRIBUTING.md lists {item}, not a nox session"
+
+
+def test_every_example_package_has_a_readme_with_its_entry_point() -> None:
+    root = Path(__file__).parents[1] / "examples"
+    packages = [path for path in sorted(root.iterdir()) if (path / "pyproject.toml").is_file()]
+    assert packages
+    for package in packages:
+        readme = package / "README.md"
+        assert readme.is_file(), f"{package.name} has no README.md"
+        pyproject = (package / "pyproject.toml").read_text()
+        entry_point = re.search(r'^(\w+) = "([\w.:]+)"$', pyproject, re.MULTILINE)
+        assert entry_point is not None and entry_point[0] in readme.read_text(), package.name
