@@ -220,5 +220,6 @@ def test_every_example_package_has_a_readme_with_its_entry_point() -> None:
         readme = package / "README.md"
         assert readme.is_file(), f"{package.name} has no README.md"
         pyproject = (package / "pyproject.toml").read_text()
-        entry_point = re.search(r'^(\w+) = "([\w.:]+)"$', pyproject, re.MULTILINE)
+        section = pyproject.split('[project.entry-points."anylogits.processors"]')[1]
+        entry_point = re.search(r'^(\w+) = "([\w.:]+)"$', section, re.MULTILINE)
         assert entry_point is not None and entry_point[0] in readme.read_text(), package.name
