@@ -72,3 +72,23 @@ BLOCKS = python_blocks()
 )
 def test_the_pages_python_examples_run(page: str, block: str) -> None:
     exec(compile(block, page, "exec"), {"__name__": "docs_example"})
+
+
+def test_links_to_pages_the_build_writes_say_so_where_the_markdown_is_read_alone() -> None:
+    """A relative link to a Markdown page resolves to a file, or to a page the site build
+    writes (the catalogue, the processor reference), and then the line says so: on
+    GitHub, where those pages are not, the reader learns where the content is."""
+    root = Path(__file__).parents[1]
+    generated = {"catalogue.md", "reference/processors.md"}
+    pages = [root / "README.md", root / "CONTRIBUTING.md", *sorted((root / "docs").rglob("*.md"))]
+    for page in pages:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines):
+            for target in re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]*)?\)", line):
+                resolved = (page.parent / target).resolve()
+                if resolved.exists():
+                    continue
+                relative = resolved.relative_to((root / "docs").resolve()).as_posix()
+                assert relative in generated, f"{page.name}:{number + 1} links to {target}"
+                nearby = " ".join(lines[number : number + 2])
+                assert "built" in nearby or "build" in nearby, (page.name, number + 1, line)
