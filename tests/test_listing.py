@@ -99,7 +99,7 @@ def test_list_text_shows_parameters_defaults_and_levels() -> None:
     block = result.stdout.split("\n\n")
     top_k = next(text for text in block if text.startswith("top_k "))
     assert "(TopK, anylogits.processors.truncation)" in top_k
-    assert "top_k (required), min_tokens_to_keep=1" in top_k
+    assert "top_k: int (required), min_tokens_to_keep: int = 1" in top_k
     assert re.search(r"^  vllm +" + re.escape(page_cells()["TopK"]["vllm"]) + "$", top_k, re.M)
     assert "transformers " not in top_k
 
@@ -189,3 +189,20 @@ def test_a_plugin_or_a_changed_source_lists_from_the_registry(
     monkeypatch.setattr(registry, "defined_elsewhere", lambda: [])
     monkeypatch.setattr(listing, "catalogue_digest", lambda: "another digest")
     assert packaged_types() is None
+
+
+def test_list_text_is_plain_with_types_and_the_llguidance_mark() -> None:
+    """No reST in a terminal; a parameter's type (a token-id mapping says its keys are
+    strings in JSON); the types that need llguidance say so, as check-spec does."""
+    result = run_cli("list")
+    assert result.returncode == 0, result.stderr
+    blocks = {text.split()[0]: text for text in result.stdout.split("\n\n")}
+    assert "``" not in result.stdout and ":class:`" not in result.stdout
+    assert "Generated text is exactly one of choices." in blocks["choice"]
+    assert (
+        "bias: dict[int | str, float] (required; token ids as strings in JSON)"
+        in blocks["logit_bias"]
+    )
+    for name in ("json_schema", "regex", "choice", "grammar"):
+        assert 'needs llguidance: pip install "anylogits[structured]"' in blocks[name], name
+    assert "needs llguidance" not in blocks["top_k"]

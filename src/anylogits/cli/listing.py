@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import inspect
 import json
+import re
 import sys
 import textwrap
 from importlib import resources
@@ -35,15 +36,23 @@ def docstring_summary(cls: type[LogitsProcessor]) -> str:
 
 
 def _parameter(name: str, parameter: inspect.Parameter) -> dict[str, Any]:
-    """A constructor parameter: its default as JSON (what a spec would send), or as
-    ``default_repr`` when the default has no JSON form (a plugin's, say)."""
+    """A constructor parameter: its type as written in the signature, and its default as
+    JSON (what a spec would send), or as ``default_repr`` when the default has no JSON
+    form (a plugin's, say)."""
+    described: dict[str, Any] = {"name": name}
+    if parameter.annotation is not parameter.empty:
+        annotation = parameter.annotation
+        described["type"] = (
+            annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+        )
     if parameter.default is parameter.empty:
-        return {"name": name, "required": True}
+        return {**described, "required": True}
     try:
         json.dumps(parameter.default)
     except (TypeError, ValueError):
-        return {"name": name, "required": False, "default_repr": repr(parameter.default)}
-    return {"name": name, "required": False, "default": json.loads(json.dumps(parameter.default))}
+        return {**described, "required": False, "default_repr": repr(parameter.default)}
+    default = json.loads(json.dumps(parameter.default))
+    return {**described, "required": False, "default": default}
 
 
 def _origin(spec_name: str, cls: type[LogitsProcessor]) -> str:
@@ -155,12 +164,31 @@ def catalogue_entries(backend: str | None = None) -> list[dict[str, Any]]:
     return entries
 
 
+# Mappings keyed by token id: JSON keys are strings, so a spec writes the ids as strings.
+_TOKEN_KEYS = ("dict[int", "Mapping[int")
+# The spec types that need llguidance (anylogits[structured]).
+_NEEDS_LLGUIDANCE = "anylogits.processors.structured"
+
+
 def _parameter_text(parameter: dict[str, Any]) -> str:
+    text = parameter["name"]
+    kind = parameter.get("type")
+    if kind:
+        text += f": {kind}"
     if parameter["required"]:
-        return f"{parameter['name']} (required)"
+        text += " (required"
+        text += "; token ids as strings in JSON)" if kind and kind.startswith(_TOKEN_KEYS) else ")"
+        return text
     if "default" in parameter:
-        return f"{parameter['name']}={json.dumps(parameter['default'])}"
-    return f"{parameter['name']}={parameter['default_repr']}"
+        return f"{text} = {json.dumps(parameter['default'])}"
+    return f"{text} = {parameter['default_repr']}"
+
+
+def plain(text: str) -> str:
+    """A docstring's reST as plain text: ````code```` and ``:role:`~a.b.Name``` lose their
+    markup (the terminal shows no markup)."""
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([\w]+)`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
 
 
 def format_entries(entries: list[dict[str, Any]], levels: list[str]) -> str:
@@ -170,8 +198,10 @@ def format_entries(entries: list[dict[str, Any]], levels: list[str]) -> str:
         lines = [f"{entry['spec_name']}  ({entry['class']}, {entry['origin']})"]
         if entry["summary"]:
             lines += textwrap.wrap(
-                entry["summary"], 88, initial_indent="  ", subsequent_indent="  "
+                plain(entry["summary"]), 88, initial_indent="  ", subsequent_indent="  "
             )
+        if entry["origin"].startswith(_NEEDS_LLGUIDANCE):
+            lines.append('  needs llguidance: pip install "anylogits[structured]"')
         parameters = ", ".join(map(_parameter_text, entry["parameters"])) or "none"
         lines += textwrap.wrap(
             f"parameters: {parameters}", 88, initial_indent="  ", subsequent_indent="    "
