@@ -10,13 +10,14 @@ import re
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
 from anylogits.cli.demo.cases import STOP, Case, demo_cases
-from anylogits.cli.demo.measure import SAME, Cell, timing_warning
+from anylogits.cli.demo.measure import SAME, Cell, Reference, measure, timing_warning
 from anylogits.cli.demo.progress import step
-from anylogits.cli.demo.table import progress_text, render
+from anylogits.cli.demo.table import _ratio, progress_text, render
 from anylogits.installation import pip_install
 
 
@@ -152,3 +153,29 @@ def test_a_cell_s_progress_line_has_its_verdict_and_costs() -> None:
     assert progress_text(timed(0.1, ours=2e-3)) == "same, 2.00 vs 1.00 ms/token native, 2.00x"
     no_native = Cell([1], SAME, 2e-3, None, "json schema", None, 0.1)
     assert progress_text(no_native) == "same, 2.00 ms/token, no native"
+
+
+def test_a_ratio_within_the_runs_spread_is_called_noise() -> None:
+    """A ratio shows where the runs' spread lets it say something; within the spread of
+    1.00x, or from one run a side (which has no spread: never "differed by 0%"), it is
+    "noisy" in the table and "too noisy to tell" in the progress line."""
+    assert _ratio(timed(0.1, ours=2e-3)) == "2.00x"
+    assert _ratio(timed(0.3, ours=1.2e-3)) == "noisy"
+    assert progress_text(timed(0.3, ours=1.2e-3)).endswith(
+        "1.20x, too noisy to tell (runs differed by 30%)"
+    )
+    assert progress_text(timed(None, ours=2e-3)).endswith(
+        "2.00x, too noisy to tell (one run a side)"
+    )
+    assert timing_warning([timed(None)], load=None, cores=2) is None
+
+
+def test_one_run_a_side_has_no_spread() -> None:
+    engine = mock.Mock(name="engine")
+    engine.name = "transformers"
+    engine.greedy.return_value = [1, 2]
+    engine.native.return_value = [1, 2]
+    case = mock.Mock(sample=False, unprocessed=False, compared=None, outcome=None, job={})
+    reference = Reference([1, 2], False, [0], 2, [1])
+    assert measure(engine, case, reference, rounds=1).spread is None
+    assert measure(engine, case, reference, rounds=2).spread is not None

@@ -41,6 +41,7 @@ class Cell:
     no_native: str | None  # the argument the engine has no parameter for
     outcome: Outcome | None = None  # what the engine's text means
     spread: float | None = None  # how much slower its slowest timed run was than its best
+    # (None: untimed, or one run a side)
 
 
 def references(
@@ -118,7 +119,10 @@ def measure(
             del sides["native"]
         times = _seconds_per_token(sides, rounds)
     best = {side: min(runs) for side, runs in times.items()}
-    spread = max((max(runs) / min(runs) - 1 for runs in times.values()), default=None)
+    # One run has no spread to speak of (it is not 0%: nothing was compared).
+    spread = max(
+        (max(runs) / min(runs) - 1 for runs in times.values() if len(runs) > 1), default=None
+    )
     if case.sample and engine.name != "transformers":
         verdict = NOT_COMPARED
     else:

@@ -36,7 +36,9 @@ ms/token: a whole generation over its new tokens, the best of --rounds runs (3 b
   penalty over the last 20 tokens, logit_bias) and make_sampler; vLLM SamplingParams.
   SuppressTokens there is a logit_bias of -100. "no native": the engine has no parameter
   for that argument, or none the demo translates to (vLLM's stop and structured
-  outputs, llama.cpp's grammars: not yet)."""
+  outputs, llama.cpp's grammars: not yet). ratio: ours over native, "noisy" where it lies
+  within how much the runs of either side differed (or from one run a side): no
+  difference can be told there."""
 
 
 def _tokens(tokens: Sequence[int], start: int, decode: Callable[[list[int]], str]) -> str:
@@ -78,9 +80,22 @@ def _call(case: Case) -> str:
     return "generate(" + ", ".join(f"{name}={value}" for name, value in arguments.items()) + ")"
 
 
-def _ratio(cell: Cell) -> str:
-    """Our cost over the engine's own, where both were timed."""
-    return f"{cell.ours / cell.native:.2f}x" if cell.ours is not None and cell.native else "-"
+NOISY = "noisy"
+
+
+def _ratio(cell: Cell, *, long: bool = False) -> str:
+    """Our cost over the engine's own, where both were timed and the runs' spread lets
+    the ratio say something: within the spread of 1.00x (or from one run a side, which
+    has none) it is noise, and said so."""
+    if cell.ours is None or not cell.native:
+        return "-"
+    ratio = cell.ours / cell.native
+    if cell.spread is None or abs(ratio - 1) <= cell.spread:
+        if not long:
+            return NOISY
+        runs = "one run a side" if cell.spread is None else f"runs differed by {cell.spread:.0%}"
+        return f"{ratio:.2f}x, too noisy to tell ({runs})"
+    return f"{ratio:.2f}x"
 
 
 def progress_text(cell: Cell) -> str:
@@ -90,7 +105,8 @@ def progress_text(cell: Cell) -> str:
     elif cell.ours is None:
         cost = "not timed" if cell.native is None else f"{_ms(cell.native)} ms/token"
     else:
-        cost = f"{_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {_ratio(cell)}"
+        ratio = _ratio(cell, long=True)
+        cost = f"{_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {ratio}"
     return f"{cell.verdict}, {cost}"
 
 
