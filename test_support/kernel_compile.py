@@ -27,9 +27,9 @@ _TRUNCATION = {
     ),
     "temperature_stride": "i32",
 }
-_REPETITION = {
+# What every penalty kernel takes first (penalties._launch), then each its own.
+_HISTORY = {
     "ids_ptr": "*i64",
-    "penalty_ptr": "*fp32",
     **dict.fromkeys(
         (
             "width",
@@ -38,30 +38,19 @@ _REPETITION = {
             "out_stride",
             "ids_stride",
             "ids_column_stride",
-            "parameter_stride",
         ),
         "i32",
     ),
 }
+_REPETITION = {**_HISTORY, "penalty_ptr": "*fp32", "parameter_stride": "i32"}
 _OUTPUT = {
+    **_HISTORY,
     "counts_ptr": "*i32",
-    "ids_ptr": "*i64",
     "generated_ptr": "*i64",
     "presence_ptr": "*fp32",
     "frequency_ptr": "*fp32",
-    **dict.fromkeys(
-        (
-            "width",
-            "history",
-            "logits_stride",
-            "out_stride",
-            "ids_stride",
-            "ids_column_stride",
-            "presence_stride",
-            "frequency_stride",
-        ),
-        "i32",
-    ),
+    "presence_stride": "i32",
+    "frequency_stride": "i32",
 }
 DTYPES = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
@@ -106,7 +95,6 @@ def variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                     "PRESENCE": True,
                     "FREQUENCY": True,
                     "PRESENCE_FIRST": True,
-                    "DTYPE_ROUNDING": name != "float32",
                     **blocks,
                 },
             )

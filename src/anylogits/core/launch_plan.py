@@ -9,6 +9,7 @@ is, and off CUDA the plan is never used: the torch processors stay the reference
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +29,6 @@ _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...] | None:
     """``processors`` with each run a kernel covers replaced by its fused step; ``None``
     when no run is covered (the plan would be the processors themselves)."""
-    if not _STACKED:
-        _STACKED.update(_stacked_kinds())
     plan: list[LogitsProcessor] = []
     index = 0
     fused = False
@@ -42,11 +41,7 @@ def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor,
             plan.append(FusedRepetitionPenalty(processors[index]))
             fused, index = True, index + 1
         elif _output_penalty(processors[index]) is not None:
-            end = index + 1
-            kinds = {_output_penalty(processors[index])}
-            while end < len(processors) and _output_penalty(processors[end]) not in (None, *kinds):
-                kinds.add(_output_penalty(processors[end]))
-                end += 1
+            end = _output_penalties_end(processors, index)
             plan.append(FusedOutputPenalties(processors[index:end]))
             fused, index = True, end
         else:
@@ -64,7 +59,7 @@ def _fusable(processor: LogitsProcessor) -> str | None:
     if kind in ("top_p", "min_p") and processor.config().get("min_tokens_to_keep") == 1:
         return kind
     if isinstance(processor, RowwiseProcessor):
-        stacked = _STACKED.get(processor.function)
+        stacked = _stacked_kinds().get(processor.function)
         if stacked is not None and processor.parameters.get("min_tokens_to_keep", 1) == 1:
             return stacked[0]
     return None
@@ -73,20 +68,29 @@ def _fusable(processor: LogitsProcessor) -> str | None:
 def _output_penalty(processor: LogitsProcessor) -> str | None:
     """``"presence"`` / ``"frequency"`` for OpenAI's penalties (stacked rows included),
     else ``None``."""
-    from anylogits.processors.penalties import _frequency_penalty, _presence_penalty
-
     kind = type(processor).spec_name
     if kind in ("presence_penalty", "frequency_penalty"):
         return kind.split("_")[0]
     if isinstance(processor, RowwiseProcessor):
-        return {_presence_penalty: "presence", _frequency_penalty: "frequency"}.get(
-            processor.function
-        )
+        return _stacked_output_penalties().get(processor.function)
     return None
 
 
+def _output_penalties_end(processors: Sequence[LogitsProcessor], start: int) -> int:
+    """The end of the run of OpenAI's penalties from ``start``, each kind once."""
+    kinds: list[str] = []
+    for processor in processors[start:]:
+        kind = _output_penalty(processor)
+        if kind is None or kind in kinds:
+            break
+        kinds.append(kind)
+    return start + len(kinds)
+
+
+@functools.cache
 def _stacked_kinds() -> dict[Any, tuple[str, str]]:
-    """The stacked rows' functions the kernel covers: kind, and the per-row parameter."""
+    """The stacked rows' functions the truncation kernel covers: kind, and the per-row
+    parameter (imported on first use: the processors import the core)."""
     from anylogits.processors._ops import divide_rows
     from anylogits.processors.truncation import _min_p_rows, _top_k_rows
 
@@ -97,7 +101,12 @@ def _stacked_kinds() -> dict[Any, tuple[str, str]]:
     }
 
 
-_STACKED: dict[Any, tuple[str, str]] = {}
+@functools.cache
+def _stacked_output_penalties() -> dict[Any, str]:
+    """The stacked rows' functions of OpenAI's penalties, by kind."""
+    from anylogits.processors.penalties import _frequency_penalty, _presence_penalty
+
+    return {_presence_penalty: "presence", _frequency_penalty: "frequency"}
 
 
 def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
@@ -165,7 +174,7 @@ class FusedTruncation(_KernelStep):
         values["temperature"] = 1.0
         for kind, processor in zip(kinds, self.processors, strict=True):
             if isinstance(processor, RowwiseProcessor):
-                values[kind] = processor.parameters[_STACKED[processor.function][1]]
+                values[kind] = processor.parameters[_stacked_kinds()[processor.function][1]]
             elif kind == "top_k":
                 config = processor.config()
                 values[kind] = max(config["top_k"], config["min_tokens_to_keep"])

@@ -13,3 +13,12 @@ def to_bfloat16_values(x):
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rounded(x, dtype: tl.constexpr, BFLOAT16: tl.constexpr):
+    """``x`` rounded to the logits' ``dtype`` (still float32), as torch rounds a result
+    (float32 logits: unchanged)."""
+    if BFLOAT16:
+        return to_bfloat16_values(x)
+    return x.to(dtype).to(tl.float32)

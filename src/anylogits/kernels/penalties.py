@@ -1,21 +1,26 @@
-"""The repetition penalty in one Triton launch, on rows whose every column is a token.
+"""The penalties on a row's history, one Triton launch each.
 
-:func:`repetition_penalty` writes ``logits`` into ``out`` with every token of each row's
-history penalized as :class:`~anylogits.RepetitionPenalty` (and transformers) penalize
-it: divided by the penalty when positive, multiplied when negative, once however often
-it repeats; an id past the logits (a model whose embedding is wider than its LM head) is
-skipped. One program per block of a row's logits copies the block, then penalizes the
-history's ids that fall in it, read from the untouched ``logits``: no sort, no gather
-over the whole history, no extra column. The interpreter tests hold it to the processor.
+:func:`repetition_penalty`, on rows whose every column is a token, writes ``logits``
+into ``out`` with every token of each row's history penalized as
+:class:`~anylogits.RepetitionPenalty` (and transformers) penalize it: divided by the
+penalty when positive, multiplied when negative, once however often it repeats; an id
+past the logits (a model whose embedding is wider than its LM head) is skipped. One
+program per block of a row's logits copies the block, then penalizes the history's ids
+that fall in it, read from the untouched ``logits``: no sort, no gather over the whole
+history, no extra column. :func:`output_penalties` applies OpenAI's presence and
+frequency penalties the same way, counting each block's generated ids. The interpreter
+tests hold both to the processors.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from anylogits.kernels._rounding import to_bfloat16_values
+from anylogits.kernels._rounding import rounded, to_bfloat16_values
 
 BLOCK = 4096
 _IDS_BLOCK = 512
@@ -31,75 +36,14 @@ def repetition_penalty(
     """``logits`` ``(B, V)`` with the ids of ``ids`` ``(B, L)`` penalized, into ``out``
     (a new tensor by default; never ``logits`` itself: the penalty reads the originals).
     ``penalty``: float32 on the device, one per row or one for every row."""
-    rows, width = logits.shape
-    if out is None or out.data_ptr() == logits.data_ptr():
-        out = torch.empty_like(logits)
-    if rows == 0:
-        return out
-    block = min(BLOCK, triton.next_power_of_2(width))
-    _repetition_penalty_rows[(rows, triton.cdiv(width, block))](
+    return _launch(
+        _repetition_penalty_rows,
         logits,
-        out,
         ids,
+        out,
         penalty,
-        width,
-        ids.shape[1],
-        logits.stride(0),
-        out.stride(0),
-        ids.stride(0),
-        ids.stride(1),
         0 if penalty.numel() == 1 else 1,
-        BFLOAT16=logits.dtype == torch.bfloat16,
-        BLOCK=block,
-        IDS_BLOCK=min(_IDS_BLOCK, triton.next_power_of_2(max(ids.shape[1], 1))),
-        enable_fp_fusion=False,  # no fused multiply-add: torch rounds a product first
     )
-    return out
-
-
-@triton.jit
-def _repetition_penalty_rows(
-    logits_ptr,
-    out_ptr,
-    ids_ptr,
-    penalty_ptr,
-    width,
-    history,
-    logits_stride,
-    out_stride,
-    ids_stride,
-    ids_column_stride,
-    parameter_stride,
-    BFLOAT16: tl.constexpr,
-    BLOCK: tl.constexpr,
-    IDS_BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)
-    start = tl.program_id(1) * BLOCK
-    columns = start + tl.arange(0, BLOCK)
-    source = logits_ptr + row * logits_stride
-    target = out_ptr + row * out_stride
-    tl.store(
-        target + columns, tl.load(source + columns, mask=columns < width), mask=columns < width
-    )
-    # The copy is stored before any penalized value of the block (another thread may
-    # write the same column).
-    tl.debug_barrier()
-    penalty = tl.load(penalty_ptr + row * parameter_stride)
-    end = tl.minimum(start + BLOCK, width)
-    for first in range(0, history, IDS_BLOCK):
-        positions = first + tl.arange(0, IDS_BLOCK)
-        ids = tl.load(
-            ids_ptr + row * ids_stride + positions * ids_column_stride,
-            mask=positions < history,
-            other=-1,
-        )
-        mine = (ids >= start) & (ids < end)
-        seen = tl.load(source + ids, mask=mine, other=0.0).to(tl.float32)
-        penalized = tl.where(seen < 0, seen * penalty, seen / penalty)
-        if BFLOAT16:
-            penalized = to_bfloat16_values(penalized)
-        tl.store(target + ids, penalized, mask=mine)
 
 
 def output_penalties(
@@ -121,74 +65,138 @@ def output_penalties(
     processors in the pipeline (each result is rounded to the logits' dtype, as each
     processor rounds it)."""
     rows, width = logits.shape
+    counts = torch.empty(rows, width, dtype=torch.int32, device=logits.device)
+    zero = torch.zeros(1, dtype=torch.float32, device=logits.device)
+    presence_values = zero if presence is None else presence
+    frequency_values = zero if frequency is None else frequency
+    return _launch(
+        _output_penalty_rows,
+        logits,
+        ids,
+        out,
+        counts,
+        generated,
+        presence_values,
+        frequency_values,
+        0 if presence_values.numel() == 1 else 1,
+        0 if frequency_values.numel() == 1 else 1,
+        PRESENCE=presence is not None,
+        FREQUENCY=frequency is not None,
+        PRESENCE_FIRST=presence_first,
+    )
+
+
+def _launch(
+    kernel: Any,
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor | None,
+    *arguments: Any,
+    **constexprs: Any,
+) -> torch.Tensor:
+    """``kernel`` over every block of every row, with what each penalty kernel takes first
+    (the logits, the output, the history and their sizes and strides) and then
+    ``arguments``; into ``out``, or a new tensor when it is ``None`` or ``logits``."""
+    rows, width = logits.shape
     if out is None or out.data_ptr() == logits.data_ptr():
         out = torch.empty_like(logits)
     if rows == 0:
         return out
     block = min(BLOCK, triton.next_power_of_2(width))
-    counts = torch.empty(rows, width, dtype=torch.int32, device=logits.device)
-    zero = torch.zeros(1, dtype=torch.float32, device=logits.device)
-    presence_values = zero if presence is None else presence
-    frequency_values = zero if frequency is None else frequency
-    _output_penalty_rows[(rows, triton.cdiv(width, block))](
+    kernel[(rows, triton.cdiv(width, block))](
         logits,
         out,
-        counts,
         ids,
-        generated,
-        presence_values,
-        frequency_values,
         width,
         ids.shape[1],
         logits.stride(0),
         out.stride(0),
         ids.stride(0),
         ids.stride(1),
-        0 if presence_values.numel() == 1 else 1,
-        0 if frequency_values.numel() == 1 else 1,
-        PRESENCE=presence is not None,
-        FREQUENCY=frequency is not None,
-        PRESENCE_FIRST=presence_first,
-        DTYPE_ROUNDING=logits.dtype != torch.float32,
+        *arguments,
         BFLOAT16=logits.dtype == torch.bfloat16,
         BLOCK=block,
         IDS_BLOCK=min(_IDS_BLOCK, triton.next_power_of_2(max(ids.shape[1], 1))),
         enable_fp_fusion=False,  # no fused multiply-add: torch rounds a product first
+        **constexprs,
     )
     return out
 
 
 @triton.jit
-def _in_dtype(x, dtype: tl.constexpr, ROUNDING: tl.constexpr, BFLOAT16: tl.constexpr):
-    """``x`` rounded to the logits' dtype (still float32), as a processor's result is."""
-    if BFLOAT16:
-        return to_bfloat16_values(x)
-    if ROUNDING:
-        return x.to(dtype).to(tl.float32)
-    return x
+def _history_ids(ids_ptr, row, ids_stride, ids_column_stride, first, history, IDS_BLOCK):
+    """One block of a row's history: its positions, and its ids (-1 past the history)."""
+    positions = first + tl.arange(0, IDS_BLOCK)
+    ids = tl.load(
+        ids_ptr + row * ids_stride + positions * ids_column_stride,
+        mask=positions < history,
+        other=-1,
+    )
+    return positions, ids
 
 
 @triton.jit
-def _output_penalty_rows(
+def _repetition_penalty_rows(
     logits_ptr,
     out_ptr,
-    counts_ptr,
     ids_ptr,
-    generated_ptr,
-    presence_ptr,
-    frequency_ptr,
     width,
     history,
     logits_stride,
     out_stride,
     ids_stride,
     ids_column_stride,
+    penalty_ptr,
+    parameter_stride,
+    BFLOAT16: tl.constexpr,
+    BLOCK: tl.constexpr,
+    IDS_BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    start = tl.program_id(1) * BLOCK
+    columns = start + tl.arange(0, BLOCK)
+    source = logits_ptr + row * logits_stride
+    target = out_ptr + row * out_stride
+    tl.store(
+        target + columns, tl.load(source + columns, mask=columns < width), mask=columns < width
+    )
+    # The copy is stored before any penalized value of the block (another thread may
+    # write the same column).
+    tl.debug_barrier()
+    penalty = tl.load(penalty_ptr + row * parameter_stride)
+    end = tl.minimum(start + BLOCK, width)
+    for first in range(0, history, IDS_BLOCK):
+        _, ids = _history_ids(
+            ids_ptr, row, ids_stride, ids_column_stride, first, history, IDS_BLOCK
+        )
+        mine = (ids >= start) & (ids < end)
+        seen = tl.load(source + ids, mask=mine, other=0.0).to(tl.float32)
+        penalized = tl.where(seen < 0, seen * penalty, seen / penalty)
+        if BFLOAT16:
+            penalized = to_bfloat16_values(penalized)
+        tl.store(target + ids, penalized, mask=mine)
+
+
+@triton.jit
+def _output_penalty_rows(
+    logits_ptr,
+    out_ptr,
+    ids_ptr,
+    width,
+    history,
+    logits_stride,
+    out_stride,
+    ids_stride,
+    ids_column_stride,
+    counts_ptr,
+    generated_ptr,
+    presence_ptr,
+    frequency_ptr,
     presence_stride,
     frequency_stride,
     PRESENCE: tl.constexpr,
     FREQUENCY: tl.constexpr,
     PRESENCE_FIRST: tl.constexpr,
-    DTYPE_ROUNDING: tl.constexpr,
     BFLOAT16: tl.constexpr,
     BLOCK: tl.constexpr,
     IDS_BLOCK: tl.constexpr,
@@ -205,11 +213,8 @@ def _output_penalty_rows(
     end = tl.minimum(start + BLOCK, width)
     first_generated = history - tl.load(generated_ptr + row)
     for first in range(0, history, IDS_BLOCK):
-        positions = first + tl.arange(0, IDS_BLOCK)
-        ids = tl.load(
-            ids_ptr + row * ids_stride + positions * ids_column_stride,
-            mask=positions < history,
-            other=-1,
+        positions, ids = _history_ids(
+            ids_ptr, row, ids_stride, ids_column_stride, first, history, IDS_BLOCK
         )
         mine = (positions >= first_generated) & (ids >= start) & (ids < end)
         tl.atomic_add(counts + ids, tl.full((IDS_BLOCK,), 1, tl.int32), mask=mine)
@@ -220,12 +225,10 @@ def _output_penalty_rows(
     presence = tl.load(presence_ptr + row * presence_stride)
     frequency = tl.load(frequency_ptr + row * frequency_stride)
     if PRESENCE and PRESENCE_FIRST:
-        x = tl.where(count > 0, _in_dtype(x - presence, raw.dtype, DTYPE_ROUNDING, BFLOAT16), x)
+        x = tl.where(count > 0, rounded(x - presence, raw.dtype, BFLOAT16), x)
     if FREQUENCY:
-        penalized = _in_dtype(
-            x - frequency * count.to(tl.float32), raw.dtype, DTYPE_ROUNDING, BFLOAT16
-        )
+        penalized = rounded(x - frequency * count.to(tl.float32), raw.dtype, BFLOAT16)
         x = tl.where(count > 0, penalized, x)
     if PRESENCE and not PRESENCE_FIRST:
-        x = tl.where(count > 0, _in_dtype(x - presence, raw.dtype, DTYPE_ROUNDING, BFLOAT16), x)
+        x = tl.where(count > 0, rounded(x - presence, raw.dtype, BFLOAT16), x)
     tl.store(out_ptr + row * out_stride + columns, x, mask=inside)

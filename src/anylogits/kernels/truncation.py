@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anylogits.kernels._rounding import to_bfloat16_values
+from anylogits.kernels._rounding import rounded, to_bfloat16_values
 
 # Columns per step of a pass (each step holds a (BLOCK, 16) table of digit bins); rows
 # are split across the steps, not across programs (a program per row).
@@ -91,14 +91,6 @@ def _ordered_key(x):
 
 
 @triton.jit
-def _rounded(x, dtype: tl.constexpr, BFLOAT16: tl.constexpr):
-    """``x`` rounded to the logits' ``dtype`` (as float32), as torch rounds a result."""
-    if BFLOAT16:
-        return to_bfloat16_values(x)
-    return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _block(
     source,
     start,
@@ -115,8 +107,29 @@ def _block(
     raw = tl.load(source + start + columns, mask=inside, other=-float("inf"))
     x = raw.to(tl.float32)
     if TEMPERATURE_FIRST:
-        x = _rounded(x / temperature, raw.dtype, BFLOAT16)
+        x = rounded(x / temperature, raw.dtype, BFLOAT16)
     return x, inside
+
+
+@triton.jit
+def _digit(histogram, needed, bins):
+    """A radix select's step: the highest digit whose bin and those above hold at least
+    ``needed`` (a count, or a mass), and how much of it is still needed inside that bin."""
+    at_or_above = tl.sum(histogram, axis=0) - tl.cumsum(histogram, axis=0) + histogram
+    chosen = tl.sum((at_or_above >= needed).to(tl.int64), axis=0) - 1
+    return chosen, needed - tl.sum(tl.where(bins == chosen, at_or_above - histogram, 0), axis=0)
+
+
+@triton.jit
+def _seen_by_top_p(
+    x, key, inside, k_key, min_p_floor, K_BEFORE_P: tl.constexpr, MIN_P_BEFORE_P: tl.constexpr
+):
+    """Which logits top-p measures: those the truncations before it kept."""
+    if K_BEFORE_P:
+        inside = inside & (key >= k_key)
+    if MIN_P_BEFORE_P:
+        inside = inside & (x >= min_p_floor)
+    return inside
 
 
 @triton.jit
@@ -170,9 +183,7 @@ def _truncate_rows(
                 match = inside & ((key >> (shift + 4)) == (k_key >> (shift + 4)))
                 in_bin = (((key >> shift) & 15)[:, None] == bins[None, :]) & match[:, None]
                 counts += tl.sum(in_bin.to(tl.int64), axis=0)
-            at_or_above = tl.sum(counts, axis=0) - tl.cumsum(counts, axis=0) + counts
-            chosen = tl.sum((at_or_above >= needed).to(tl.int64), axis=0) - 1
-            needed -= tl.sum(tl.where(bins == chosen, at_or_above - counts, 0), axis=0)
+            chosen, needed = _digit(counts, needed, bins)
             k_key += chosen << shift
     # Min-p: p(x) >= min_p * p(top)  <=>  x - top >= log(min_p).
     min_p_floor = tl.log(min_p) + top if min_p > 0 else -float("inf")
@@ -187,10 +198,9 @@ def _truncate_rows(
             x, inside = _block(
                 source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
             )
-            if K_BEFORE_P:
-                inside = inside & (_ordered_key(x) >= k_key)
-            if MIN_P_BEFORE_P:
-                inside = inside & (x >= min_p_floor)
+            inside = _seen_by_top_p(
+                x, _ordered_key(x), inside, k_key, min_p_floor, K_BEFORE_P, MIN_P_BEFORE_P
+            )
             total += tl.sum(tl.where(inside, tl.exp(x - top), 0.0), axis=0)
         remaining = p * total
         for step in tl.static_range(8):
@@ -201,17 +211,14 @@ def _truncate_rows(
                     source, start, columns, width, temperature, TEMPERATURE_FIRST, BFLOAT16
                 )
                 key = _ordered_key(x)
-                if K_BEFORE_P:
-                    inside = inside & (key >= k_key)
-                if MIN_P_BEFORE_P:
-                    inside = inside & (x >= min_p_floor)
+                inside = _seen_by_top_p(
+                    x, key, inside, k_key, min_p_floor, K_BEFORE_P, MIN_P_BEFORE_P
+                )
                 match = inside & ((key >> (shift + 4)) == (p_key >> (shift + 4)))
                 weight = tl.where(match, tl.exp(x - top), 0.0)
                 in_bin = ((key >> shift) & 15)[:, None] == bins[None, :]
                 masses += tl.sum(tl.where(in_bin, weight[:, None], 0.0), axis=0)
-            at_or_above = tl.sum(masses, axis=0) - tl.cumsum(masses, axis=0) + masses
-            chosen = tl.sum((at_or_above >= remaining).to(tl.int64), axis=0) - 1
-            remaining -= tl.sum(tl.where(bins == chosen, at_or_above - masses, 0.0), axis=0)
+            chosen, remaining = _digit(masses, remaining, bins)
             p_key += chosen << shift
 
     target = out_ptr + row * out_stride
