@@ -27,8 +27,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+
+
+def asv_benchmark(name: str) -> Any:
+    """``asv_bench/benchmarks/<name>.py``, imported as asv imports it (the ``benchmarks``
+    package, ``asv_bench`` on the path)."""
+    import importlib
+    import sys
+
+    folder = str(REPOSITORY_ROOT / "asv_bench")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def child_environment(**settings: str) -> dict[str, str]:

@@ -18,6 +18,7 @@ case's count is of this draw). To print the table: ``python -m test_support.op_c
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from anylogits import LogitsProcessor, Pipeline, from_spec
+from test_support import asv_benchmark
 from test_support.emulated_device import NO_LAUNCH, EmulatedDevice, on_device
 from test_support.engine_rows import CASES, STRUCTURED, VOCAB
 
@@ -32,9 +34,12 @@ LOGITS_WIDTH = 128_256
 HISTORY = 512
 BATCHES = (1, 32)
 
-# The jobs transformers has processors for (asv_bench/benchmarks/bench_gpu.py times the
-# same jobs on a GPU): anylogits' processors, by name.
-JOBS: dict[str, Callable[[], list[LogitsProcessor]]] = {}
+# The jobs transformers has processors for: asv_bench/benchmarks/bench_gpu.py's, which
+# times the same jobs on a GPU.
+_BENCH_GPU = asv_benchmark("bench_gpu")
+JOBS: dict[str, Callable[[], list[LogitsProcessor]]] = {
+    job: functools.partial(_BENCH_GPU.our_processors, job) for job in _BENCH_GPU.JOBS
+}
 
 # Launches per call at (B = 1, B = 32), by catalogue case (test_support.engine_rows.CASES).
 LAUNCHES: dict[str, tuple[int, int]] = {
@@ -93,46 +98,10 @@ TRANSFORMERS_LAUNCHES: dict[str, int] = {
 }
 
 
-def _jobs() -> dict[str, Callable[[], list[LogitsProcessor]]]:
-    from anylogits import RepetitionPenalty, TopK, TopP
-    from anylogits.engines.native import chain_processors
-
-    return {
-        "top_k": lambda: [TopK(50)],
-        "top_p": lambda: [TopP(0.9)],
-        "repetition_penalty": lambda: [RepetitionPenalty(1.3)],
-        "chain": chain_processors,
-    }
-
-
-JOBS.update(_jobs())
-
-
 def transformers_jobs() -> dict[str, list[Any]]:
     """transformers' processors for each job, in the order of anylogits' (needs
     transformers)."""
-    from transformers.generation.logits_process import (
-        MinPLogitsWarper,
-        RepetitionPenaltyLogitsProcessor,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    from anylogits.engines.native import CHAIN
-
-    return {
-        "top_k": [TopKLogitsWarper(50)],
-        "top_p": [TopPLogitsWarper(0.9)],
-        "repetition_penalty": [RepetitionPenaltyLogitsProcessor(1.3)],
-        "chain": [
-            RepetitionPenaltyLogitsProcessor(CHAIN["repetition_penalty"]),
-            TopKLogitsWarper(CHAIN["top_k"]),
-            TopPLogitsWarper(CHAIN["top_p"]),
-            MinPLogitsWarper(CHAIN["min_p"]),
-            TemperatureLogitsWarper(CHAIN["temperature"]),
-        ],
-    }
+    return {job: _BENCH_GPU.their_processors(job) for job in JOBS}
 
 
 def count_launches(

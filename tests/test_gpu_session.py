@@ -21,6 +21,7 @@ from anylogits.cli import main as cli_main
 from anylogits.cli.demo import run_demo
 from anylogits.cli.demo.runner import device_line
 from anylogits.cli.demo.selection import DemoError, demo_device
+from test_support import asv_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,9 +42,7 @@ def gpu_check(*arguments: str) -> subprocess.CompletedProcess[str]:
 
 def bench_gpu() -> Any:
     """asv_bench/benchmarks/bench_gpu.py, imported as asv imports it."""
-    if str(ROOT / "asv_bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "asv_bench"))
-    return importlib.import_module("benchmarks.bench_gpu")
+    return asv_benchmark("bench_gpu")
 
 
 @no_cuda_here

@@ -46,6 +46,27 @@ NO_CUDA = "no CUDA device (torch.cuda.is_available() is False): the GPU benchmar
 
 def jobs(job: str) -> tuple[list[Any], list[Any]]:
     """``(anylogits processors, transformers processors)`` for ``job``, fresh objects."""
+    return our_processors(job), their_processors(job)
+
+
+def our_processors(job: str) -> list[Any]:
+    """anylogits' processors for ``job``, fresh objects (transformers not needed)."""
+    from anylogits import RepetitionPenalty, TopK, TopP
+    from anylogits.engines.native import chain_processors
+
+    made = {
+        "top_k": lambda: [TopK(50)],
+        "top_p": lambda: [TopP(0.9)],
+        "repetition_penalty": lambda: [RepetitionPenalty(1.3)],
+        "chain": chain_processors,
+    }
+    if job not in made:
+        raise ValueError(f"unknown job {job!r}: one of {JOBS}")
+    return made[job]()
+
+
+def their_processors(job: str) -> list[Any]:
+    """transformers' processors for ``job``, in the order of anylogits', fresh objects."""
     from transformers.generation.logits_process import (
         MinPLogitsWarper,
         RepetitionPenaltyLogitsProcessor,
@@ -54,15 +75,14 @@ def jobs(job: str) -> tuple[list[Any], list[Any]]:
         TopPLogitsWarper,
     )
 
-    from anylogits import RepetitionPenalty, TopK, TopP
-    from anylogits.engines.native import CHAIN, chain_processors
+    from anylogits.engines.native import CHAIN
 
     if job == "top_k":
-        return [TopK(50)], [TopKLogitsWarper(50)]
+        return [TopKLogitsWarper(50)]
     if job == "top_p":
-        return [TopP(0.9)], [TopPLogitsWarper(0.9)]
+        return [TopPLogitsWarper(0.9)]
     if job == "repetition_penalty":
-        return [RepetitionPenalty(1.3)], [RepetitionPenaltyLogitsProcessor(1.3)]
+        return [RepetitionPenaltyLogitsProcessor(1.3)]
     if job == "chain":
         theirs = {
             "repetition_penalty": RepetitionPenaltyLogitsProcessor(CHAIN["repetition_penalty"]),
@@ -73,7 +93,7 @@ def jobs(job: str) -> tuple[list[Any], list[Any]]:
         }
         # chain_processors' order: the penalty, the truncations, the temperature last.
         order = ("repetition_penalty", "top_k", "top_p", "min_p", "temperature")
-        return chain_processors(), [theirs[name] for name in order]
+        return [theirs[name] for name in order]
     raise ValueError(f"unknown job {job!r}: one of {JOBS}")
 
 
@@ -94,7 +114,7 @@ def build(
 
     ours_processors, their_processors = jobs(job)
     hook = for_transformers(*ours_processors)
-    fused = for_transformers(*jobs(job)[0])
+    fused = for_transformers(*our_processors(job))
     theirs = transformers.LogitsProcessorList(their_processors)
     logits = peaked_logits(batch, vocab).to(device)
     ids = history(batch, HISTORY, vocab).to(device)
