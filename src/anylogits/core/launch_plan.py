@@ -10,7 +10,7 @@ is, and off CUDA the plan is never used: the torch processors stay the reference
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -78,13 +78,26 @@ def _output_penalty(processor: LogitsProcessor) -> str | None:
 
 def _output_penalties_end(processors: Sequence[LogitsProcessor], start: int) -> int:
     """The end of the run of OpenAI's penalties from ``start``, each kind once."""
+    return start + len(_distinct_kinds(processors[start:], _output_penalty))
+
+
+def _distinct_kinds(
+    processors: Sequence[LogitsProcessor],
+    kind_of: Callable[[LogitsProcessor], str | None],
+    closing: str | None = None,
+) -> list[str]:
+    """The kinds of ``processors`` from the first on, up to one a kernel does not take
+    (``kind_of`` gives ``None``) or one already seen; ``closing``: a kind that ends the
+    run after it when it is not the first."""
     kinds: list[str] = []
-    for processor in processors[start:]:
-        kind = _output_penalty(processor)
+    for processor in processors:
+        kind = kind_of(processor)
         if kind is None or kind in kinds:
             break
         kinds.append(kind)
-    return start + len(kinds)
+        if kind == closing and len(kinds) > 1:
+            break
+    return kinds
 
 
 @functools.cache
@@ -112,15 +125,8 @@ def _stacked_output_penalties() -> dict[Any, str]:
 def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
     """The end of the longest run from ``start`` the truncation kernel covers (``start``
     when none): each kind at most once, at least one truncation, the temperature only
-    first or last."""
-    kinds: list[str] = []
-    for processor in processors[start:]:
-        kind = _fusable(processor)
-        if kind is None or kind in kinds:
-            break
-        kinds.append(kind)
-        if kind == "temperature" and len(kinds) > 1:
-            break  # a temperature after truncations ends the run
+    first or last (a temperature after truncations ends the run)."""
+    kinds = _distinct_kinds(processors[start:], _fusable, closing="temperature")
     return start + len(kinds) if _TRUNCATIONS & set(kinds) else start
 
 
