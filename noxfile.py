@@ -77,7 +77,12 @@ def pinned_version(name: str) -> str:
 # version and CMake flags into our own cache: pip's wheel cache ignores CMAKE_ARGS, and a
 # default build uses -march=native, so a cached wheel could crash on another CPU.
 LLAMA_CPP_VERSION = pinned_version("LLAMA_CPP_PYTHON_VERSION")
-LLAMA_CPP_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
+# The flags are the users' (src/anylogits/installation.py: the hints name them).
+LLAMA_CPP_CMAKE_ARGS = re.search(
+    r'^LLAMA_CPP_CMAKE_ARGS = "([^"]+)"$',
+    (Path(__file__).parent / "src" / "anylogits" / "installation.py").read_text(),
+    re.MULTILINE,
+)[1]
 # Each conformance session records which processor passed what on its backend here; the
 # matrix session renders the records into docs/support-matrix.md.
 SUPPORT_RESULTS = Path(__file__).parent / ".support-results"

@@ -318,3 +318,48 @@ def test_server_log_has_no_traceback(client: Any, server: Server, plain: list[in
     server.check_alive()
     log = server.log_path.read_text(errors="replace")
     assert "Traceback" not in log, server.log_tail()
+
+
+def test_a_server_whose_engine_dies_says_so_and_exits_non_zero(
+    server: Server, servers: Servers, tmp_path: Path
+) -> None:
+    """A request whose processor kills the engine's process with SIGSEGV (as llama.cpp's
+    native code did on an AMX host) on a server of its own: the client's connection
+    drops, and ``anylogits serve`` says what died, of what, serving what, and exits
+    non-zero, where the log used to end at the last request."""
+    import signal
+
+    from conformance_tests.servers import _stop, start
+
+    crashing = start(server.backend, servers.model_dir, tmp_path)
+    try:
+        # vLLM's API server outlives its engine core long enough to answer 500.
+        dropped = (
+            openai.InternalServerError if server.backend == "vllm" else openai.APIConnectionError
+        )
+        with pytest.raises(dropped):
+            client_of(crashing).completions.create(
+                model=crashing.model,
+                prompt=COUNTING,
+                max_tokens=4,
+                extra_body={"vllm_xargs": {"anylogits": '[{"type": "testing.crash_process"}]'}},
+            )
+        code = crashing.process.wait(timeout=60)
+    finally:
+        _stop(crashing.process)
+    log = crashing.log_tail()
+    if server.backend == "vllm":
+        # The engine core is the API server's child: vLLM sees it die, fails the request
+        # and shuts its server down, which anylogits serve then says.
+        assert code == 1, log
+        assert "EngineDeadError" in log, log
+        stopped = r"^anylogits serve vllm: vLLM's server stopped by itself \(exit code \d+\)"
+        assert re.search(stopped, log, re.M) is not None, log
+        return
+    assert code == 128 + signal.SIGSEGV, log
+    died = re.search(
+        r"^anylogits serve \S+: .* died of SIGSEGV \(signal 11\) serving \S+.*$", log, re.M
+    )
+    assert died is not None, log
+    if server.backend == "llama_cpp":
+        assert "-DGGML_NATIVE=OFF" in died[0]

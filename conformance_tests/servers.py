@@ -165,12 +165,17 @@ def _command(backend: str, model_dir: Path, folder: Path, port: int) -> list[str
     raise ValueError(f"no server for backend {backend!r}")
 
 
-def start(backend: str, model_dir: Path, folder: Path) -> Server:
+def start(backend: str, model_dir: Path, folder: Path, options: list[str] | None = None) -> Server:
     """``backend``'s server on the tiny model, ready to serve (the suite's probes as
-    ``ANYLOGITS_PLUGINS``)."""
+    ``ANYLOGITS_PLUGINS``); ``options``: the server's own instead (its address added)."""
     log_path = folder / "server.log"
     port = _free_port()
-    command = _command(backend, model_dir, folder, port)
+    if options is None:
+        command = _command(backend, model_dir, folder, port)
+    else:
+        engine = backend.replace("_", "-")
+        address = ["--host", "127.0.0.1", "--port", str(port)]
+        command = [sys.executable, "-m", "anylogits", "serve", engine, *options, *address]
     env = child_environment(**SERVER_PLUGINS)
     if backend == "vllm":
         env.update(vllm_environment(folder))

@@ -47,6 +47,7 @@ from anylogits import (
     StopStrings,
     SuppressTokens,
     Watermark,
+    to_specs,
 )
 from anylogits.cli.demo.cases import JSON_PROMPT, PERSON
 from anylogits.engines.generation import Generated, GenerationEngine, TransformersEngine
@@ -482,6 +483,46 @@ def test_on_the_q4_file_a_json_extraction_parses(
     eos = reference.tokenizer.eos_token_id
     person = parsed(q4_engine, job, Generated(before_end(got, eos), got[-1:] == [eos]))
     assert job.greedy(person), person
+
+
+@pytest.mark.only_backend("llama_cpp")
+def test_anylogits_serve_llama_cpp_serves_the_q4_file_with_our_processors(
+    q4_engine: Any, reference: TransformersEngine, tmp_path: Path
+) -> None:
+    """The file users serve, through the command they run (a native build of llama.cpp
+    crashed here on its first completion, on an AMX host): the server's tokens are the
+    in-process engine's on the same file. One request: a second would reuse the first's
+    KV cache, and a Q4 model's logits depend on how its tokens were batched."""
+    pytest.importorskip("fastapi")
+    import openai
+
+    from anylogits.engines.real_model import real_model_q4_gguf
+    from conformance_tests.servers import _stop, start
+
+    options = ["--model", str(real_model_q4_gguf()), "--model_alias", "q4"]
+    options += ["--n_ctx", "512", "--n_threads", "1", "--seed", "0", "--verbose", "false"]
+    server = start("llama_cpp", Path(), tmp_path, options)
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="-", max_retries=0)
+    processors = [PresencePenalty(1.5)]
+    try:
+        response = client.completions.create(
+            model="q4",
+            prompt=chat_text(reference.tokenizer, REPEATING),
+            max_tokens=NEW_TOKENS,
+            temperature=0.0,
+            extra_body={
+                "return_token_ids": True,
+                "repeat_penalty": 1.0,
+                "vllm_xargs": {"anylogits": json.dumps(to_specs(processors))},
+            },
+        )
+    finally:
+        _stop(server.process)
+    prompt_ids = list(response.choices[0].model_extra["prompt_token_ids"])
+    tokens = list(response.choices[0].model_extra["token_ids"])
+    assert prompt_ids == chat_ids(reference.tokenizer, REPEATING)
+    assert tokens != q4_engine.greedy(prompt_ids, n=NEW_TOKENS), "the penalty changed nothing"
+    assert tokens == q4_engine.greedy(prompt_ids, processors, NEW_TOKENS)
 
 
 # -- near-ties: shown on synthetic scores, counted on the real runs ---------------------------

@@ -29,6 +29,7 @@ from anylogits import (  # noqa: E402
 )
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
 from conformance_tests.server_suite import (  # noqa: E402, F401  (run here too)
+    test_a_server_whose_engine_dies_says_so_and_exits_non_zero,
     test_concurrent_clients_get_what_each_gets_alone,
     test_the_serving_pages_client_talks_to_this_server,
 )

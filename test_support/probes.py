@@ -12,6 +12,8 @@ reordering), forgets rejected draft tokens, or restarts a sequence it lost track
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterable
 from typing import Any
 
@@ -132,4 +134,26 @@ class RaiseAfter(LogitsProcessor):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         if bool((batch.generated_lengths >= self.tokens).any()):
             raise RuntimeError(f"testing.raise_after: {self.tokens} tokens were generated")
+        return logits
+
+
+class CrashProcess(LogitsProcessor):
+    """Kill the engine's process with SIGSEGV at its first call, as native code faulting
+    inside a step does (llama.cpp's AMX matrix product on some CPUs): shows what a server
+    says when its engine dies.
+
+    Args:
+        signal_number: the signal the process sends itself (SIGSEGV by default).
+    """
+
+    spec_name = "testing.crash_process"
+
+    def __init__(self, signal_number: int = int(signal.SIGSEGV)) -> None:
+        self.signal_number = int(signal_number)
+
+    def config(self) -> dict[str, Any]:
+        return {"signal_number": self.signal_number}
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        os.kill(os.getpid(), self.signal_number)
         return logits

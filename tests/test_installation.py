@@ -42,9 +42,40 @@ def test_an_editable_checkout_is_installed_again_from_its_folder_with_its_pins(
 ) -> None:
     (tmp_path / "constraints.txt").write_text("torch==2.13.0\n")
     installed_from({"url": tmp_path.as_uri(), "dir_info": {"editable": True}})
-    assert installation.pip_install("llama-cpp") == (
-        f'pip install -c {tmp_path / "constraints.txt"} -e "{tmp_path}[llama-cpp]"'
+    assert installation.pip_install("mlx") == (
+        f'pip install -c {tmp_path / "constraints.txt"} -e "{tmp_path}[mlx]"'
     )
+
+
+@pytest.mark.parametrize("extra", ["llama-cpp", "all"])
+def test_llama_cpp_is_built_portable_and_not_from_pips_cache(installed_from, extra: str) -> None:
+    """A build for the local CPU (pip's default) crashed on a Q4_1 model on an AMX host;
+    pip's wheel cache would hand back such a build whatever CMAKE_ARGS says."""
+    installed_from(None)
+    assert installation.pip_install(extra) == (
+        'CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" '
+        f'pip install --no-cache-dir "anylogits[{extra}]"'
+    )
+
+
+def test_nox_builds_llama_cpp_with_the_flags_the_hint_names() -> None:
+    """The suite tests the build users are told to install: noxfile.py's flags are read
+    from the hint's own line."""
+    import ast
+    import re
+
+    noxfile = Path(__file__).parents[1] / "noxfile.py"
+    tree = ast.parse(noxfile.read_text())
+    (assignment,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(getattr(target, "id", "") == "LLAMA_CPP_CMAKE_ARGS" for target in node.targets)
+    ]
+    namespace = {"re": re, "Path": Path, "__file__": str(noxfile)}
+    exec(compile(ast.Module([assignment], []), str(noxfile), "exec"), namespace)
+    assert namespace["LLAMA_CPP_CMAKE_ARGS"] == installation.LLAMA_CPP_CMAKE_ARGS
+    assert "-DGGML_NATIVE=OFF" in installation.LLAMA_CPP_CMAKE_ARGS
 
 
 def test_a_wheel_file_is_installed_again_from_that_file(installed_from, tmp_path: Path) -> None:
@@ -58,3 +89,9 @@ def test_this_checkout_is_named_by_its_folder() -> None:
     installation._installed_from.cache_clear()
     root = Path(__file__).parents[1]
     assert f'"{root}[mlx]"' in installation.pip_install("mlx")
+
+
+def test_the_llama_cpp_page_installs_it_as_the_hints_do(installed_from) -> None:
+    installed_from(None)
+    page = Path(__file__).parents[1] / "docs" / "backends" / "llama-cpp.md"
+    assert installation.pip_install("llama-cpp") in page.read_text()

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 DISTRIBUTION = "anylogits"
+# How llama-cpp-python is built wherever anylogits has it installed (the hints, the docs,
+# nox's sessions): portable, since a build for the local CPU (its default, GGML_NATIVE)
+# crashes on some CPUs (AMX's ldtilecfg, on the first Q4 matrix product), and without the
+# multimodal library, which anylogits does not use. noxfile.py reads this line.
+LLAMA_CPP_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
+LLAMA_CPP_BUILD_TIME = "llama.cpp is compiled from source: about 10 min on 2 cores"
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,4 +48,11 @@ def pip_install(extra: str) -> str:
     # A checkout's pins (torch's CPU wheel): without them pip may fetch a CUDA build.
     constraints = Path(source) / "constraints.txt"
     pins = f"-c {constraints} " if source != DISTRIBUTION and constraints.is_file() else ""
-    return f'pip install {pins}{"-e " if editable else ""}"{source}[{extra}]"'
+    target = f'{"-e " if editable else ""}"{source}[{extra}]"'
+    if extra not in ("llama-cpp", "all"):
+        return f"pip install {pins}{target}"
+    # pip's wheel cache ignores CMAKE_ARGS: a native wheel built before would come back.
+    command = f"pip install --no-cache-dir {pins}{target}"
+    if sys.platform == "win32":
+        return f"$env:CMAKE_ARGS='{LLAMA_CPP_CMAKE_ARGS}'; {command}"
+    return f'CMAKE_ARGS="{LLAMA_CPP_CMAKE_ARGS}" {command}'

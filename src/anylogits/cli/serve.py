@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from anylogits.cli.supervision import Watched, supervise
 from anylogits.core.limits import ENVIRONMENT_VARIABLE as LIMITS_VARIABLE
 from anylogits.core.limits import limits
 from anylogits.core.logs import ENVIRONMENT_VARIABLE as LOG_LEVEL_VARIABLE
@@ -157,19 +159,47 @@ def serve(argv: Sequence[str]) -> int:
         if importlib.util.find_spec("vllm") is None:
             return _not_installed(engine, "No module named 'vllm'")
         command = vllm_command(options)
-        if not wants_help:
-            print(start_line(engine), file=sys.stderr, flush=True)
-        os.execv(command[0], command)
-    try:
-        if engine == "llama-cpp":
-            from anylogits.adapters.llama_cpp.server import main
-        else:
-            from anylogits.adapters.mlx.server import main
-    except ImportError as error:
-        return _not_installed(engine, str(error))
-    if not wants_help:
-        print(start_line(engine), file=sys.stderr, flush=True)
-    return main(options, prog=f"anylogits serve {engine}")
+    else:
+        try:
+            # The child imports it again; here, a missing engine gets its install hint.
+            if engine == "llama-cpp":
+                import anylogits.adapters.llama_cpp.server
+            else:
+                import anylogits.adapters.mlx.server  # noqa: F401
+        except ImportError as error:
+            return _not_installed(engine, str(error))
+        command = [sys.executable, "-m", "anylogits.cli.engine_server", engine, *options]
+    if wants_help:
+        return subprocess.call(command)
+    print(start_line(engine), file=sys.stderr, flush=True)
+    faulthandler = [sys.executable, "-X", "faulthandler", *command[1:]]
+    return supervise(faulthandler, watched(engine, options))
+
+
+def watched(engine: str, options: Sequence[str]) -> Watched:
+    """What is said if ``engine``'s server ends on its own: its name, its model, and for
+    llama.cpp's native code the portable build to try."""
+    hint = None
+    if engine == "llama-cpp":
+        from anylogits.cli.demo.selection import install_command
+
+        hint = (
+            "a crash in llama.cpp's native code; a llama-cpp-python built for this CPU "
+            "(pip's default) crashes on some CPUs (AMX), rebuild it portable: "
+            f"{install_command('llama_cpp')}"
+        )
+    return Watched(f"anylogits serve {engine}", SERVERS[engine][0], _model(options), hint)
+
+
+def _model(options: Sequence[str]) -> str | None:
+    """The ``--model`` (or ``-m``) a server's options name, if any."""
+    model = None
+    for position, option in enumerate(options):
+        if option in ("--model", "-m") and position + 1 < len(options):
+            model = options[position + 1]
+        elif option.startswith("--model="):
+            model = option.split("=", 1)[1]
+    return model
 
 
 def _missing_model_file(engine: str, options: Sequence[str]) -> str | None:
@@ -177,12 +207,7 @@ def _missing_model_file(engine: str, options: Sequence[str]) -> str | None:
     ``None``; the other servers also take a hub name, which is no path."""
     if engine != "llama-cpp":
         return None
-    model = None
-    for position, option in enumerate(options):
-        if option in ("--model", "-m") and position + 1 < len(options):
-            model = options[position + 1]
-        elif option.startswith("--model="):
-            model = option.split("=", 1)[1]
+    model = _model(options)
     if model is None or Path(model).is_file():
         return None
     return (
@@ -192,8 +217,13 @@ def _missing_model_file(engine: str, options: Sequence[str]) -> str | None:
 
 
 def _not_installed(engine: str, error: str) -> int:
-    from anylogits.cli.demo.selection import install_command
+    from anylogits.cli.demo.selection import install_command, install_note
 
     install = install_command(engine.replace("-", "_"))
-    print(f"anylogits serve {engine}: {error}; install it with {install}", file=sys.stderr)
+    note = install_note(engine.replace("-", "_"))
+    print(
+        f"anylogits serve {engine}: {error}; install it with {install}"
+        + (f" ({note})" if note else ""),
+        file=sys.stderr,
+    )
     return 1

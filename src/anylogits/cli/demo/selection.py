@@ -10,7 +10,7 @@ import sys
 import torch
 
 from anylogits.engines.backends import BACKENDS, installed
-from anylogits.installation import pip_install
+from anylogits.installation import LLAMA_CPP_BUILD_TIME, pip_install
 
 ENGINES = list(BACKENDS)  # transformers, llama_cpp, mlx, vllm
 REFERENCE = "transformers"
@@ -74,6 +74,11 @@ SERVE_COMMANDS = {
     "mlx": "anylogits serve mlx --model model-folder",
     "vllm": "anylogits serve vllm --model model-folder",
 }
+
+
+def install_note(engine: str) -> str | None:
+    """What to expect of ``engine``'s install, where it is more than a download."""
+    return LLAMA_CPP_BUILD_TIME if engine == "llama_cpp" else None
 
 
 def install_command(engine: str) -> str:

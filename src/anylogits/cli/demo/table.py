@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from anylogits.cli.demo.cases import Case
 from anylogits.cli.demo.measure import DIFFERS, Cell, Reference
-from anylogits.cli.demo.selection import SERVE_COMMANDS, install_command
+from anylogits.cli.demo.selection import SERVE_COMMANDS, install_command, install_note
 
 ERROR = "ERROR"
 AGREE = "all engines agree with transformers"
@@ -178,6 +178,8 @@ def render(
         lines += ["", "not installed here, each added by one command:"]
         for engine in missing:
             lines.append(f"  {engine:<13} {install_command(engine)}")
+            if install_note(engine) is not None:
+                lines.append(f"  {'':<13} ({install_note(engine)})")
             if engine in SERVE_COMMANDS:
                 lines.append(f"  {'':<13} then its own server: {SERVE_COMMANDS[engine]}")
     if warning is not None:
