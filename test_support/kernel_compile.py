@@ -52,12 +52,21 @@ _OUTPUT = {
     "presence_stride": "i32",
     "frequency_stride": "i32",
 }
+_SPARSE = {
+    **dict.fromkeys(("width", "logits_stride", "out_stride"), "i32"),
+    "bias_ids_ptr": "*i64",
+    "bias_offsets_ptr": "*i64",
+    "bias_row_stride": "i32",
+    "ban_ids_ptr": "*i64",
+    "ban_offsets_ptr": "*i64",
+    "ban_row_stride": "i32",
+}
 DTYPES = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}
 
 
 def variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     """``(label, kernel, argument types, constexprs)`` for each variant compiled."""
-    from anylogits.kernels import penalties, truncation
+    from anylogits.kernels import penalties, sparse, truncation
 
     made = []
     # Every dtype once; float32 with both orders of the temperature.
@@ -97,6 +106,14 @@ def variants() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                     "PRESENCE_FIRST": True,
                     **blocks,
                 },
+            )
+        )
+        made.append(
+            (
+                f"bias and bans {name}",
+                sparse._bias_and_bans_rows,
+                {**logits, **_SPARSE, "bias_values_ptr": pointer},
+                {"BFLOAT16": name == "bfloat16", "BLOCK": sparse.BLOCK, "ENTRIES": 256},
             )
         )
     return made

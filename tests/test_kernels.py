@@ -20,17 +20,24 @@ import torch
 
 from anylogits import (
     FrequencyPenalty,
+    LogitBias,
     LogitsProcessor,
     MinP,
     Pipeline,
     PresencePenalty,
     RepetitionPenalty,
+    SuppressTokens,
     Temperature,
     TopK,
     TopP,
     from_spec,
 )
-from anylogits.core.launch_plan import FusedRepetitionPenalty, FusedTruncation, launch_plan
+from anylogits.core.launch_plan import (
+    FusedBiasAndBans,
+    FusedRepetitionPenalty,
+    FusedTruncation,
+    launch_plan,
+)
 from anylogits.core.sync import forbid_host_sync
 from anylogits.engines.native import chain_processors, chain_processors_in_generate_order
 from anylogits.kernels import ENVIRONMENT_SWITCH, interpreting, kernels_enabled, triton_installed
@@ -217,6 +224,10 @@ def test_plans_cover_only_what_the_kernel_applies() -> None:
         ["temperature", "top_k", "min_p"],
         "temperature",
     ]
+    bias, bans = LogitBias({1: 2.0}), SuppressTokens([2])
+    plan = launch_plan([bias, bans, LogitBias({3: 1.0}), TopK(5)]) or ()
+    assert [type(step) for step in plan] == [FusedBiasAndBans, FusedBiasAndBans, FusedTruncation]
+    assert [len(step.processors) for step in plan] == [2, 1, 1]
 
 
 def test_kernels_are_off_unless_asked_for() -> None:
@@ -370,6 +381,70 @@ def test_output_penalties_kernel_penalizes_as_the_processors(dtype: torch.dtype)
             ids = torch.cat([ids, following], dim=1)
 
 
+def bias_and_bans_processors(width: int, bans_first: bool) -> list[LogitsProcessor]:
+    """A bias and a ban list at the edges of the kernel's blocks and the row, one id in
+    both, one banned twice."""
+    edges = sorted({0, 1, 4095, 4096, 4097, width // 2, width - 2, width - 1} & set(range(width)))
+    bias = LogitBias({token: (-1.0) ** token * (0.5 + token % 7) for token in edges})
+    bans = SuppressTokens([3, width // 2, 4096 % width, 3, width - 1])
+    return [bans, bias] if bans_first else [bias, bans]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [3001, 128_256])
+def test_bias_and_bans_kernel_as_the_processors(dtype: torch.dtype, width: int) -> None:
+    """A logit bias and suppressed tokens, in both orders and in place or into the
+    hook's output: the processors' logits exactly, in one launch."""
+    from anylogits.kernels import sparse
+
+    logits = shaped_logits(7, width, dtype, seed=width)
+    for bans_first in (False, True):
+        pipeline = Pipeline(bias_and_bans_processors(width, bans_first))
+        assert [type(step) for step in pipeline._kernel_plan or ()] == [FusedBiasAndBans]
+        with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+            expected = Pipeline(bias_and_bans_processors(width, bans_first))(logits.clone())
+        assert not torch.equal(expected.cpu(), logits.cpu())
+        for out in (None, torch.empty_like(logits)):
+            with mock.patch.object(sparse, "bias_and_bans", wraps=sparse.bias_and_bans) as launches:
+                actual = pipeline(logits.clone(), out=out)
+            assert launches.call_count == 1
+            assert_kernel_logits(actual, expected, f"bans first {bans_first}, out {out is None}")
+
+
+def test_stacked_bias_and_bans_run_in_one_launch() -> None:
+    """vLLM's grouped requests: each row its own bias and banned ids (one row without
+    either), stacked into one pipeline, one launch."""
+    from anylogits.core.persistent_batch import PersistentBatch
+    from anylogits.kernels import sparse
+
+    rows = [
+        ({"5": 3.0, "4096": -2.5}, [7, 4096]),
+        ({"4999": 1.25}, []),
+        ({}, [0, 1, 2]),
+        ({"0": -0.75, "1500": 4.0, "3000": 2.0}, [1500]),
+    ]
+
+    def batch() -> PersistentBatch:
+        made = PersistentBatch()
+        for slot, (bias, banned) in enumerate(rows):
+            specs = [
+                {"type": "logit_bias", "bias": bias},
+                {"type": "suppress_tokens", "token_ids": banned},
+            ]
+            made.put(slot, specs, prompt_ids=[1, 2, 3])
+        return made
+
+    logits = shaped_logits(len(rows), 5000, torch.float32, seed=5)
+    with mock.patch.object(sparse, "bias_and_bans", wraps=sparse.bias_and_bans) as launches:
+        actual = batch().process(logits.clone())
+    assert launches.call_count == 1
+    assert launches.call_args.kwargs["bias"].offsets.numel() == len(rows) + 1
+    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+        expected = batch().process(logits.clone())
+    assert not torch.equal(expected.cpu(), logits.cpu())
+    assert_kernel_logits(actual, expected, "stacked bias and bans")
+
+
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="on CUDA every test above compiles them")
 def test_every_kernel_compiles_for_cuda_without_a_gpu() -> None:
     """The interpreter runs a kernel's Python; the compiler checks more (annotations,
@@ -388,4 +463,4 @@ def test_every_kernel_compiles_for_cuda_without_a_gpu() -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("cubin") == 8, done.stdout
+    assert done.stdout.count("cubin") == 10, done.stdout

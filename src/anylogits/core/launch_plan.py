@@ -2,8 +2,10 @@
 
 On a CUDA device with kernels on (:func:`anylogits.kernels.kernels_enabled`), a run of
 consecutive processors that one kernel applies together is replaced by one step that
-launches it: today the sampling chain's tail, top-k / top-p / min-p with the temperature
-first or last (:mod:`anylogits.kernels.truncation`). Every other processor runs as it
+launches it: the sampling chain's tail, top-k / top-p / min-p with the temperature
+first or last (:mod:`anylogits.kernels.truncation`); the repetition penalty and OpenAI's
+presence and frequency penalties (:mod:`anylogits.kernels.penalties`); a logit bias with
+suppressed tokens (:mod:`anylogits.kernels.sparse`). Every other processor runs as it
 is, and off CUDA the plan is never used: the torch processors stay the reference.
 """
 
@@ -44,6 +46,10 @@ def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor,
             end = _output_penalties_end(processors, index)
             plan.append(FusedOutputPenalties(processors[index:end]))
             fused, index = True, end
+        elif _bias_or_bans(processors[index]) is not None:
+            end = index + len(_distinct_kinds(processors[index:], _bias_or_bans))
+            plan.append(FusedBiasAndBans(processors[index:end]))
+            fused, index = True, end
         else:
             plan.append(processors[index])
             index += 1
@@ -73,6 +79,17 @@ def _output_penalty(processor: LogitsProcessor) -> str | None:
         return kind.split("_")[0]
     if isinstance(processor, RowwiseProcessor):
         return _stacked_output_penalties().get(processor.function)
+    return None
+
+
+def _bias_or_bans(processor: LogitsProcessor) -> str | None:
+    """``"bias"`` for a logit bias, ``"bans"`` for suppressed tokens (stacked rows
+    included), else ``None``."""
+    kind = type(processor).spec_name
+    if kind in ("logit_bias", "suppress_tokens"):
+        return "bias" if kind == "logit_bias" else "bans"
+    if isinstance(processor, RowwiseProcessor):
+        return _stacked_bias_and_bans().get(processor.function)
     return None
 
 
@@ -120,6 +137,14 @@ def _stacked_output_penalties() -> dict[Any, str]:
     from anylogits.processors.penalties import _frequency_penalty, _presence_penalty
 
     return {_presence_penalty: "presence", _frequency_penalty: "frequency"}
+
+
+@functools.cache
+def _stacked_bias_and_bans() -> dict[Any, str]:
+    """The stacked rows' functions of logit biases and suppressed tokens, by kind."""
+    from anylogits.processors._ops import add_rows, suppress_rows
+
+    return {add_rows: "bias", suppress_rows: "bans"}
 
 
 def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
@@ -301,3 +326,57 @@ class FusedOutputPenalties(_KernelStep):
             presence_first=self.kinds[0] == "presence",
             out=out,
         )
+
+
+class FusedBiasAndBans(_KernelStep):
+    """A logit bias and suppressed tokens (one of each at most, stacked rows included,
+    in either order: a ban wins over a bias either way) as one launch on CUDA; the
+    processors one after another anywhere else."""
+
+    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+        self.processors = tuple(processors)
+        self.kinds = {_bias_or_bans(p): p for p in self.processors}
+        self._offsets: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def launch(
+        self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        from anylogits.kernels.sparse import bias_and_bans
+
+        bias, bans = (self._lists(kind, logits) for kind in ("bias", "bans"))
+        return bias_and_bans(logits, bias=bias, bans=bans, out=logits if out is None else out)
+
+    def _lists(self, kind: str, logits: torch.Tensor) -> Any:
+        """``kind``'s processor's ids (and values) in CSR form on the logits' device, or
+        ``None``; an id past the row raises the processor's ``ValueError``."""
+        from anylogits.kernels.sparse import RowLists
+
+        processor = self.kinds.get(kind)
+        if processor is None:
+            return None
+        values = None
+        if isinstance(processor, RowwiseProcessor):
+            index = processor.parameters["index"]
+            _, ids = index.for_logits(logits)
+            if ids.numel() == 0:
+                return None
+            if kind == "bias":
+                values = index.values_for(logits)
+            return RowLists(ids, index.offsets_on(logits.device), values)
+        columns = processor._columns  # type: ignore[attr-defined]
+        ids = columns.for_logits(logits)
+        if ids.numel() == 0:
+            return None
+        if kind == "bias":
+            values = processor._values.on(logits.device, logits.dtype)  # type: ignore[attr-defined]
+        return RowLists(ids, self._shared_offsets(len(columns.ids), logits.device), values)
+
+    def _shared_offsets(self, count: int, device: torch.device) -> torch.Tensor:
+        """Offsets ``[0, count]``: one list for every row, made once per device."""
+        offsets = self._offsets.get((count, device))
+        if offsets is None:
+            from anylogits.core.transfer import to_device
+
+            host = torch.tensor([0, count], dtype=torch.int64)
+            offsets = self._offsets[count, device] = to_device(host, device)
+        return offsets

@@ -4,6 +4,7 @@ columns, EOS ids and token sequences matched against the history."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -300,6 +301,8 @@ class RowColumns:
             name, tuple(token_id for ids in ids_per_row for token_id in ids)
         )
         self._rows = row_ints([row for row, ids in enumerate(ids_per_row) for _ in ids])
+        # Where each row's ids start in ``columns`` (and the last one's end): CSR offsets.
+        self._offsets = row_ints(list(itertools.accumulate(map(len, ids_per_row), initial=0)))
         # float64 first: the values round once, as a float64 tensor moved to the dtype.
         self._values = None if values is None else row_values(values)
 
@@ -307,6 +310,10 @@ class RowColumns:
         """``(rows, columns)`` on the logits' device; ``ValueError`` for an id past the row."""
         columns = self.columns.for_logits(logits)
         return self._rows.on(logits.device), columns
+
+    def offsets_on(self, device: torch.device) -> torch.Tensor:
+        """Row ``r``'s ids are ``columns[offsets[r]:offsets[r + 1]]``, on ``device``."""
+        return self._offsets.on(device)
 
     def values_for(self, logits: torch.Tensor) -> torch.Tensor:
         """The values, one per id, in the logits' dtype and on their device."""
