@@ -95,6 +95,7 @@ TRANSFORMERS_LAUNCHES: dict[str, int] = {
     "top_p": 8,
     "repetition_penalty": 8,
     "chain": 27,
+    "bias_and_bans": 7,
 }
 
 

@@ -316,34 +316,50 @@ def test_the_planned_chain_is_two_launches() -> None:
     assert_kernel_logits(actual, expected, "chain", boundary=True)
 
 
+def through_stacked_requests(
+    specs_per_slot: list[list[dict[str, Any]]], width: int, module: Any, kernel: str
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """vLLM's grouped requests, a slot each, on shaped rows: ``(logits with kernels on,
+    with kernels off, the calls of module.kernel)``; the processors changed the rows."""
+    from anylogits.core.persistent_batch import PersistentBatch
+
+    def batch() -> PersistentBatch:
+        made = PersistentBatch()
+        for slot, specs in enumerate(specs_per_slot):
+            made.put(slot, specs, prompt_ids=[1, 2, 3])
+        return made
+
+    logits = shaped_logits(len(specs_per_slot), width, torch.float32, seed=width)
+    with mock.patch.object(module, kernel, wraps=getattr(module, kernel)) as launches:
+        actual = batch().process(logits.clone())
+    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
+        expected = batch().process(logits.clone())
+    assert not torch.equal(expected.cpu(), logits.cpu())
+    return actual, expected, launches
+
+
 def test_stacked_requests_run_in_one_launch() -> None:
     """vLLM's grouped requests: rows of the same kinds with different parameters are
     stacked into one pipeline (top-k, min-p and temperature a value per row, top-p
     shared), which the plan runs as one launch with per-row parameters."""
-    from anylogits.core.persistent_batch import PersistentBatch
     from anylogits.kernels import truncation
 
     parameters = [(5, 0.1, 0.7), (50, 0.0, 1.0), (1, 0.3, 1.5), (200, 0.05, 0.9)]
 
-    def batch() -> PersistentBatch:
-        made = PersistentBatch()
-        for slot, (top_k, min_p, temperature) in enumerate(parameters):
-            specs = [
-                {"type": "top_k", "top_k": top_k},
-                {"type": "top_p", "top_p": 0.9},
-                {"type": "min_p", "min_p": min_p},
-                {"type": "temperature", "temperature": temperature},
-            ]
-            made.put(slot, specs, prompt_ids=[1, 2, 3])
-        return made
-
-    logits = shaped_logits(len(parameters), 3001, torch.float32, seed=4)
-    with mock.patch.object(truncation, "truncate", wraps=truncation.truncate) as launches:
-        actual = batch().process(logits.clone())
+    specs_per_slot = [
+        [
+            {"type": "top_k", "top_k": top_k},
+            {"type": "top_p", "top_p": 0.9},
+            {"type": "min_p", "min_p": min_p},
+            {"type": "temperature", "temperature": temperature},
+        ]
+        for top_k, min_p, temperature in parameters
+    ]
+    actual, expected, launches = through_stacked_requests(
+        specs_per_slot, 3001, truncation, "truncate"
+    )
     assert launches.call_count == 1
     assert launches.call_args.kwargs["top_k"].numel() == len(parameters)
-    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
-        expected = batch().process(logits.clone())
     assert_kernel_logits(actual, expected, "stacked", boundary=True)
 
 
@@ -414,7 +430,6 @@ def test_bias_and_bans_kernel_as_the_processors(dtype: torch.dtype, width: int) 
 def test_stacked_bias_and_bans_run_in_one_launch() -> None:
     """vLLM's grouped requests: each row its own bias and banned ids (one row without
     either), stacked into one pipeline, one launch."""
-    from anylogits.core.persistent_batch import PersistentBatch
     from anylogits.kernels import sparse
 
     rows = [
@@ -424,24 +439,18 @@ def test_stacked_bias_and_bans_run_in_one_launch() -> None:
         ({"0": -0.75, "1500": 4.0, "3000": 2.0}, [1500]),
     ]
 
-    def batch() -> PersistentBatch:
-        made = PersistentBatch()
-        for slot, (bias, banned) in enumerate(rows):
-            specs = [
-                {"type": "logit_bias", "bias": bias},
-                {"type": "suppress_tokens", "token_ids": banned},
-            ]
-            made.put(slot, specs, prompt_ids=[1, 2, 3])
-        return made
-
-    logits = shaped_logits(len(rows), 5000, torch.float32, seed=5)
-    with mock.patch.object(sparse, "bias_and_bans", wraps=sparse.bias_and_bans) as launches:
-        actual = batch().process(logits.clone())
+    specs_per_slot = [
+        [
+            {"type": "logit_bias", "bias": bias},
+            {"type": "suppress_tokens", "token_ids": banned},
+        ]
+        for bias, banned in rows
+    ]
+    actual, expected, launches = through_stacked_requests(
+        specs_per_slot, 5000, sparse, "bias_and_bans"
+    )
     assert launches.call_count == 1
     assert launches.call_args.kwargs["bias"].offsets.numel() == len(rows) + 1
-    with mock.patch.dict(os.environ, {ENVIRONMENT_SWITCH: "0"}), forbid_host_sync():
-        expected = batch().process(logits.clone())
-    assert not torch.equal(expected.cpu(), logits.cpu())
     assert_kernel_logits(actual, expected, "stacked bias and bans")
 
 

@@ -12,6 +12,9 @@ and the same 512-token history, both on the device:
 - ``chain``: :func:`anylogits.engines.native.chain_processors` (RepetitionPenalty 1.3,
   TopK 50, TopP 0.9, MinP 0.05, Temperature 0.8) / transformers' processors for the same
   job in the same order.
+- ``bias_and_bans``: ``LogitBias`` on 16 ids and ``SuppressTokens`` of 64 (one id in
+  both, every id below 1,024) / ``SequenceBiasLogitsProcessor`` with the same one-token biases and
+  ``SuppressTokensLogitsProcessor`` (the kernels' ``anylogits.kernels.sparse``).
 
 Timed with CUDA events around a run of calls (the GPU's time, including any gap where it
 waits for the host to launch the next kernel), after a warm-up; the median over samples,
@@ -32,7 +35,11 @@ import torch
 from .backends import require_backend
 from .common import history, peaked_logits
 
-JOBS = ["top_k", "top_p", "repetition_penalty", "chain"]
+JOBS = ["top_k", "top_p", "repetition_penalty", "chain", "bias_and_bans"]
+# bias_and_bans: ids below 1,024 (the smallest vocabulary the benchmark is checked on),
+# one (10) both biased and suppressed.
+BIASED = {token: (-1.0) ** token * (1.0 + token % 5) for token in range(10, 1_010, 64)}
+SUPPRESSED = [*range(2, 1_010, 16), 10]
 BATCHES = [1, 32, 128]
 VOCAB = 128_256
 HISTORY = 512
@@ -51,7 +58,7 @@ def jobs(job: str) -> tuple[list[Any], list[Any]]:
 
 def our_processors(job: str) -> list[Any]:
     """anylogits' processors for ``job``, fresh objects (transformers not needed)."""
-    from anylogits import RepetitionPenalty, TopK, TopP
+    from anylogits import LogitBias, RepetitionPenalty, SuppressTokens, TopK, TopP
     from anylogits.engines.native import chain_processors
 
     made = {
@@ -59,6 +66,7 @@ def our_processors(job: str) -> list[Any]:
         "top_p": lambda: [TopP(0.9)],
         "repetition_penalty": lambda: [RepetitionPenalty(1.3)],
         "chain": chain_processors,
+        "bias_and_bans": lambda: [LogitBias(BIASED), SuppressTokens(SUPPRESSED)],
     }
     if job not in made:
         raise ValueError(f"unknown job {job!r}: one of {JOBS}")
@@ -70,6 +78,8 @@ def their_processors(job: str) -> list[Any]:
     from transformers.generation.logits_process import (
         MinPLogitsWarper,
         RepetitionPenaltyLogitsProcessor,
+        SequenceBiasLogitsProcessor,
+        SuppressTokensLogitsProcessor,
         TemperatureLogitsWarper,
         TopKLogitsWarper,
         TopPLogitsWarper,
@@ -94,6 +104,12 @@ def their_processors(job: str) -> list[Any]:
         # chain_processors' order: the penalty, the truncations, the temperature last.
         order = ("repetition_penalty", "top_k", "top_p", "min_p", "temperature")
         return [theirs[name] for name in order]
+    if job == "bias_and_bans":
+        sequence_bias = {(token,): bias for token, bias in BIASED.items()}
+        return [
+            SequenceBiasLogitsProcessor(sequence_bias),
+            SuppressTokensLogitsProcessor(SUPPRESSED),
+        ]
     raise ValueError(f"unknown job {job!r}: one of {JOBS}")
 
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anylogits.kernels._rounding import rounded, to_bfloat16_values
+from anylogits.kernels._rounding import copied_block, rounded, to_bfloat16_values
 
 BLOCK = 4096
 _IDS_BLOCK = 512
@@ -153,18 +153,10 @@ def _repetition_penalty_rows(
     IDS_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
-    start = tl.program_id(1) * BLOCK
-    columns = start + tl.arange(0, BLOCK)
-    source = logits_ptr + row * logits_stride
-    target = out_ptr + row * out_stride
-    tl.store(
-        target + columns, tl.load(source + columns, mask=columns < width), mask=columns < width
+    source, target, start, end = copied_block(
+        logits_ptr, out_ptr, row, logits_stride, out_stride, width, BLOCK
     )
-    # The copy is stored before any penalized value of the block (another thread may
-    # write the same column).
-    tl.debug_barrier()
     penalty = tl.load(penalty_ptr + row * parameter_stride)
-    end = tl.minimum(start + BLOCK, width)
     for first in range(0, history, IDS_BLOCK):
         _, ids = _history_ids(
             ids_ptr, row, ids_stride, ids_column_stride, first, history, IDS_BLOCK

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from anylogits.kernels._rounding import rounded
+from anylogits.kernels._rounding import copied_block, rounded
 
 BLOCK = 4096
 _ENTRIES_BLOCK = 256
@@ -123,17 +123,9 @@ def _bias_and_bans_rows(
     ENTRIES: tl.constexpr,
 ):
     row = tl.program_id(0)
-    start = tl.program_id(1) * BLOCK
-    columns = start + tl.arange(0, BLOCK)
-    source = logits_ptr + row * logits_stride
-    target = out_ptr + row * out_stride
-    tl.store(
-        target + columns, tl.load(source + columns, mask=columns < width), mask=columns < width
+    source, target, start, end = copied_block(
+        logits_ptr, out_ptr, row, logits_stride, out_stride, width, BLOCK
     )
-    # The copy is stored before any changed value of the block (another thread may
-    # write the same column).
-    tl.debug_barrier()
-    end = tl.minimum(start + BLOCK, width)
     first = tl.load(bias_offsets_ptr + row * bias_row_stride)
     last = tl.load(bias_offsets_ptr + row * bias_row_stride + 1)
     for position in range(first, last, ENTRIES):
