@@ -95,3 +95,15 @@ def test_the_llama_cpp_page_installs_it_as_the_hints_do(installed_from) -> None:
     installed_from(None)
     page = Path(__file__).parents[1] / "docs" / "backends" / "llama-cpp.md"
     assert installation.pip_install("llama-cpp") in page.read_text()
+
+
+def test_a_native_llama_cpp_is_replaced_by_the_portable_build_of_its_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installing the extra again would keep the llama-cpp-python there: the rebuild
+    forces it, without touching its dependencies."""
+    monkeypatch.setattr(installation.metadata, "version", lambda name: "0.3.36")
+    assert installation.llama_cpp_rebuild() == (
+        'CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF" pip install --no-cache-dir '
+        '--force-reinstall --no-deps "llama-cpp-python==0.3.36"'
+    )

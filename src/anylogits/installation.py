@@ -52,7 +52,23 @@ def pip_install(extra: str) -> str:
     if extra not in ("llama-cpp", "all"):
         return f"pip install {pins}{target}"
     # pip's wheel cache ignores CMAKE_ARGS: a native wheel built before would come back.
-    command = f"pip install --no-cache-dir {pins}{target}"
+    return _portable(f"pip install --no-cache-dir {pins}{target}")
+
+
+def llama_cpp_rebuild() -> str:
+    """The command that replaces an installed llama-cpp-python with the portable build of
+    the same version (installing the extra again would keep the one there)."""
+    try:
+        version = f"=={metadata.version('llama-cpp-python')}"
+    except metadata.PackageNotFoundError:
+        version = ""
+    return _portable(
+        f'pip install --no-cache-dir --force-reinstall --no-deps "llama-cpp-python{version}"'
+    )
+
+
+def _portable(command: str) -> str:
+    """``command`` with llama.cpp's build flags set, in the platform's shell."""
     if sys.platform == "win32":
         return f"$env:CMAKE_ARGS='{LLAMA_CPP_CMAKE_ARGS}'; {command}"
     return f'CMAKE_ARGS="{LLAMA_CPP_CMAKE_ARGS}" {command}'

@@ -181,12 +181,12 @@ def watched(engine: str, options: Sequence[str]) -> Watched:
     llama.cpp's native code the portable build to try."""
     hint = None
     if engine == "llama-cpp":
-        from anylogits.cli.demo.selection import install_command
+        from anylogits.installation import llama_cpp_rebuild
 
         hint = (
             "a crash in llama.cpp's native code; a llama-cpp-python built for this CPU "
             "(pip's default) crashes on some CPUs (AMX), rebuild it portable: "
-            f"{install_command('llama_cpp')}"
+            f"{llama_cpp_rebuild()}"
         )
     return Watched(f"anylogits serve {engine}", SERVERS[engine][0], _model(options), hint)
 
