@@ -108,21 +108,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=30)
 
 
-def _command(backend: str, model_dir: Path, folder: Path, port: int) -> list[str]:
-    """``anylogits serve ENGINE ...`` as a user starts it, on the tiny model."""
-    serve = [sys.executable, "-m", "anylogits", "serve"]
-    address = ["--host", "127.0.0.1", "--port", str(port)]
+def _options(backend: str, model_dir: Path, folder: Path) -> list[str]:
+    """The options of ``anylogits serve ENGINE`` on the tiny model, as a user gives them
+    (its address aside)."""
     if backend == "vllm":
         template = folder / "chat_template.jinja"
         template.write_text(CHAT_TEMPLATE)
         return [
-            *serve,
-            "vllm",
             "--model",
             str(model_dir),
             "--served-model-name",
             MODEL_NAMES[backend],
-            *address,
             "--dtype",
             "float32",
             "--max-model-len",
@@ -137,8 +133,6 @@ def _command(backend: str, model_dir: Path, folder: Path, port: int) -> list[str
         gguf = model_dir / GGUF_FILENAME
         # The in-process engine's settings (LlamaCppEngine): one thread, float32 KV cache.
         return [
-            *serve,
-            "llama-cpp",
             "--model",
             str(gguf if gguf.is_file() else build_tiny_gguf()),
             "--model_alias",
@@ -155,13 +149,12 @@ def _command(backend: str, model_dir: Path, folder: Path, port: int) -> list[str
             "0",
             "--verbose",
             "false",
-            *address,
         ]
     if backend == "mlx":
         # The tiny model has no chat template; the real model's folder has its own.
         has_template = (model_dir / "chat_template.jinja").is_file()
         template = [] if has_template else ["--chat-template", CHAT_TEMPLATE]
-        return [*serve, "mlx", "--model", str(model_dir), *template, *address]
+        return ["--model", str(model_dir), *template]
     raise ValueError(f"no server for backend {backend!r}")
 
 
@@ -171,11 +164,10 @@ def start(backend: str, model_dir: Path, folder: Path, options: list[str] | None
     log_path = folder / "server.log"
     port = _free_port()
     if options is None:
-        command = _command(backend, model_dir, folder, port)
-    else:
-        engine = backend.replace("_", "-")
-        address = ["--host", "127.0.0.1", "--port", str(port)]
-        command = [sys.executable, "-m", "anylogits", "serve", engine, *options, *address]
+        options = _options(backend, model_dir, folder)
+    engine = backend.replace("_", "-")
+    address = ["--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "anylogits", "serve", engine, *options, *address]
     env = child_environment(**SERVER_PLUGINS)
     if backend == "vllm":
         env.update(vllm_environment(folder))

@@ -494,19 +494,18 @@ def test_anylogits_serve_llama_cpp_serves_the_q4_file_with_our_processors(
     in-process engine's on the same file. One request: a second would reuse the first's
     KV cache, and a Q4 model's logits depend on how its tokens were batched."""
     pytest.importorskip("fastapi")
-    import openai
-
+    pytest.importorskip("openai")
     from anylogits.engines.real_model import real_model_q4_gguf
-    from conformance_tests.servers import _stop, start
+    from conformance_tests.servers import MODEL_NAMES, _stop, client_of, start
 
-    options = ["--model", str(real_model_q4_gguf()), "--model_alias", "q4"]
+    options = ["--model", str(real_model_q4_gguf()), "--model_alias", MODEL_NAMES["llama_cpp"]]
     options += ["--n_ctx", "512", "--n_threads", "1", "--seed", "0", "--verbose", "false"]
     server = start("llama_cpp", Path(), tmp_path, options)
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="-", max_retries=0)
+    client = client_of(server)
     processors = [PresencePenalty(1.5)]
     try:
         response = client.completions.create(
-            model="q4",
+            model=client.served_model,
             prompt=chat_text(reference.tokenizer, REPEATING),
             max_tokens=NEW_TOKENS,
             temperature=0.0,

@@ -172,8 +172,7 @@ def serve(argv: Sequence[str]) -> int:
     if wants_help:
         return subprocess.call(command)
     print(start_line(engine), file=sys.stderr, flush=True)
-    faulthandler = [sys.executable, "-X", "faulthandler", *command[1:]]
-    return supervise(faulthandler, watched(engine, options))
+    return supervise(command, watched(engine, options))
 
 
 def watched(engine: str, options: Sequence[str]) -> Watched:
@@ -219,8 +218,8 @@ def _missing_model_file(engine: str, options: Sequence[str]) -> str | None:
 def _not_installed(engine: str, error: str) -> int:
     from anylogits.cli.demo.selection import install_command, install_note
 
-    install = install_command(engine.replace("-", "_"))
-    note = install_note(engine.replace("-", "_"))
+    name = engine.replace("-", "_")  # the demo's name of the engine
+    install, note = install_command(name), install_note(name)
     print(
         f"anylogits serve {engine}: {error}; install it with {install}"
         + (f" ({note})" if note else ""),

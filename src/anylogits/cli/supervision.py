@@ -5,7 +5,8 @@ command exits non-zero, where an in-process server would vanish with a connectio
 for the client and nothing in its log.
 
 The child inherits the terminal (its log is the server's own), runs with Python's
-``faulthandler`` on (a native crash prints each thread's Python stack first), and stays in
+``faulthandler`` on (``PYTHONFAULTHANDLER``, inherited by its own Python children: a
+native crash prints each thread's Python stack first), and stays in
 this process's group, so a ``kill`` of the group reaches it. A stop asked of the command
 (SIGTERM, SIGHUP, SIGINT) is passed on to the child once: a terminal's Ctrl-C already
 reached the whole foreground group, so SIGINT is passed on only where it did not.
@@ -47,7 +48,9 @@ class Watched:
 def supervise(argv: Sequence[str], watched: Watched) -> int:
     """Run the server ``argv`` until it ends; its end said as :func:`ending` says it (on
     stderr), and the command's exit status."""
-    process = subprocess.Popen(argv)
+    # Every Python process of the server (vLLM's engine core too) prints its threads'
+    # stacks when native code crashes.
+    process = subprocess.Popen(argv, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     stops: list[int] = []
 
     def pass_on(signum: int, _frame: object) -> None:

@@ -334,9 +334,16 @@ class FusedBiasAndBans(_KernelStep):
     processors one after another anywhere else."""
 
     def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+        from anylogits.core.transfer import DeviceCopies
+
         self.processors = tuple(processors)
         self.kinds = {_bias_or_bans(p): p for p in self.processors}
-        self._offsets: dict[tuple[int, torch.device], torch.Tensor] = {}
+        # A processor's one list, shared by every row: offsets 0 and its length.
+        self._shared_offsets = {
+            kind: DeviceCopies(torch.tensor([0, len(p._columns.ids)], dtype=torch.int64))  # type: ignore[attr-defined]
+            for kind, p in self.kinds.items()
+            if not isinstance(p, RowwiseProcessor)
+        }
 
     def launch(
         self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
@@ -369,14 +376,4 @@ class FusedBiasAndBans(_KernelStep):
             return None
         if kind == "bias":
             values = processor._values.on(logits.device, logits.dtype)  # type: ignore[attr-defined]
-        return RowLists(ids, self._shared_offsets(len(columns.ids), logits.device), values)
-
-    def _shared_offsets(self, count: int, device: torch.device) -> torch.Tensor:
-        """Offsets ``[0, count]``: one list for every row, made once per device."""
-        offsets = self._offsets.get((count, device))
-        if offsets is None:
-            from anylogits.core.transfer import to_device
-
-            host = torch.tensor([0, count], dtype=torch.int64)
-            offsets = self._offsets[count, device] = to_device(host, device)
-        return offsets
+        return RowLists(ids, self._shared_offsets[kind].on(logits.device), values)

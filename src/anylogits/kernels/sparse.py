@@ -19,10 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
+from anylogits.core.transfer import DeviceCopies
 from anylogits.kernels._rounding import copied_block, rounded
 
 BLOCK = 4096
 _ENTRIES_BLOCK = 256
+# An empty list (offsets 0 and 0; one id and value slot, never read), copied to a device
+# (and a dtype) once.
+_NO_IDS = DeviceCopies(torch.zeros(1, dtype=torch.int64))
+_NO_OFFSETS = DeviceCopies(torch.zeros(2, dtype=torch.int64))
+_NO_VALUES = DeviceCopies(torch.zeros(1, dtype=torch.float32))
 
 
 class RowLists:
@@ -56,9 +62,10 @@ def bias_and_bans(
         out = torch.empty_like(logits)
     if rows == 0:
         return out
-    empty = _no_entries(logits.device)
-    bias = bias or RowLists(empty[0], empty[1], empty[2].to(logits.dtype))
-    bans = bans or RowLists(empty[0], empty[1])
+    if bias is None or bans is None:
+        ids, offsets = _NO_IDS.on(logits.device), _NO_OFFSETS.on(logits.device)
+        bias = bias or RowLists(ids, offsets, _NO_VALUES.on(logits.device, logits.dtype))
+        bans = bans or RowLists(ids, offsets)
     block = min(BLOCK, triton.next_power_of_2(width))
     _bias_and_bans_rows[(rows, triton.cdiv(width, block))](
         logits,
@@ -79,20 +86,6 @@ def bias_and_bans(
         enable_fp_fusion=False,
     )
     return out
-
-
-_EMPTY: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
-def _no_entries(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An empty list on ``device`` (one id slot, offsets 0 and 0), made once."""
-    if device not in _EMPTY:
-        from anylogits.core.transfer import to_device
-
-        ids = to_device(torch.zeros(1, dtype=torch.int64), device)
-        offsets = to_device(torch.zeros(2, dtype=torch.int64), device)
-        _EMPTY[device] = (ids, offsets, torch.zeros(1, dtype=torch.float32, device=device))
-    return _EMPTY[device]
 
 
 @triton.jit

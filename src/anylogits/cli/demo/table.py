@@ -178,8 +178,9 @@ def render(
         lines += ["", "not installed here, each added by one command:"]
         for engine in missing:
             lines.append(f"  {engine:<13} {install_command(engine)}")
-            if install_note(engine) is not None:
-                lines.append(f"  {'':<13} ({install_note(engine)})")
+            note = install_note(engine)
+            if note is not None:
+                lines.append(f"  {'':<13} ({note})")
             if engine in SERVE_COMMANDS:
                 lines.append(f"  {'':<13} then its own server: {SERVE_COMMANDS[engine]}")
     if warning is not None:
