@@ -362,4 +362,4 @@ def test_a_server_whose_engine_dies_says_so_and_exits_non_zero(
     )
     assert died is not None, log
     if server.backend == "llama_cpp":
-        assert "-DGGML_NATIVE=OFF" in died[0]
+        assert "-DGGML_NATIVE=OFF" in died[0] and "one possible cause" in died[0]

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from anylogits.cli.supervision import dies_with_this_process
 from anylogits.engines.backends import installed
 from anylogits.engines.generation import vllm_environment
 from anylogits.testing.pytest_plugin import selected_backends
@@ -179,6 +180,9 @@ def start(backend: str, model_dir: Path, folder: Path, options: list[str] | None
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # its own process group, so teardown reaches the engine
+            # and it ends with this process, however this process ends (a stopped nox
+            # SIGTERMs its workers, whose teardown then never runs).
+            preexec_fn=dies_with_this_process(),
         )
     started = time.monotonic()
     running = Server(process, f"http://127.0.0.1:{port}", log_path, backend, MODEL_NAMES[backend])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from anylogits.cli.serve import watched
+from anylogits.cli.serve import quiet_llama_cpp, watched
 from anylogits.cli.supervision import Watched, ending
 from anylogits.installation import llama_cpp_rebuild
 from test_support import child_environment
@@ -46,12 +46,23 @@ def test_a_server_that_stops_by_itself_is_a_failure_and_a_stop_asked_for_is_not(
         assert ending(code, stopped=True, watched=WATCHED) == (0, None)
 
 
+def test_llama_cpps_server_is_quiet_unless_asked() -> None:
+    """llama-cpp-python's --verbose default prints every llama.cpp loader line."""
+    assert quiet_llama_cpp(["--model", "m.gguf"]) == ["--model", "m.gguf", "--verbose", "false"]
+    for given in (["--verbose", "true"], ["--verbose=true"]):
+        assert quiet_llama_cpp(["--model", "m.gguf", *given]) == ["--model", "m.gguf", *given]
+
+
 def test_llama_cpps_crash_hint_names_the_portable_build() -> None:
     said = watched("llama-cpp", ["--model", "/models/q4.gguf", "--port", "8000"])
     assert said.model == "/models/q4.gguf"
     assert said.crash_hint is not None
     # The command itself: tests/test_installation.py (with the installed version, if any).
-    assert said.crash_hint.endswith(f"rebuild it portable: {llama_cpp_rebuild()}")
+    assert said.crash_hint.endswith(f"the portable build: {llama_cpp_rebuild()}")
+    # What is known (a signal, the stacks above), the build offered as one possible cause:
+    # a kill -SEGV from outside ends a portable server the same way.
+    assert said.crash_hint.startswith("the Python stack of each thread at the end is above")
+    assert "one possible cause" in said.crash_hint
     assert 'CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"' in said.crash_hint
     assert "--force-reinstall --no-deps" in said.crash_hint
     assert watched("mlx", ["--model=folder"]) == Watched(
@@ -125,3 +136,32 @@ def test_a_stop_asked_of_the_command_reaches_the_server_once(
     assert supervisor.returncode == 0, stderr
     assert received.read_text() == "1"
     assert stderr == ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_a_server_ends_with_the_command_however_the_command_ends(tmp_path: Path) -> None:
+    """A ``kill -9`` of ``anylogits serve`` (or of a test process that started a server)
+    runs no handler: the server gets SIGTERM from the kernel and ends, where it used to
+    run on, re-parented to PID 1."""
+    ended = tmp_path / "ended"
+    supervisor = _supervised(
+        f"""
+        import signal, sys, time
+        def stop(number, frame):
+            open({str(ended)!r}, "w").write(str(number))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+        """,
+        tmp_path,
+    )
+    assert supervisor.stdout is not None
+    assert supervisor.stdout.readline() == "ready\n"
+    supervisor.kill()
+    supervisor.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while not ended.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ended.exists() and ended.read_text() == str(int(signal.SIGTERM))

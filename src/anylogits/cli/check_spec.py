@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anylogits.core import registry
+from anylogits.core.limits import checking_client_side
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
 from anylogits.core.wire import SPEC_KEY, validate_request
@@ -27,9 +28,17 @@ ENVELOPES = ("vllm_xargs", "extra_args")
 SERVERS = "every anylogits server (vLLM's, llama-cpp-python's, mlx-lm's)"
 LINE_WIDTH = 100
 VOCABULARY_CHECKS = (
-    "checked against the model's vocabulary only when the engine adds the request "
-    "(token ids in range, strings tokenized, grammars compiled for the tokenizer); a "
-    "failure there ends the request's sequence and is logged, instead of an HTTP 400"
+    "checked against the model's vocabulary on the server (token ids in range, strings "
+    "tokenized, grammars compiled for the tokenizer): llama-cpp-python's and mlx-lm's "
+    "servers build the processors before generating and answer a failure with HTTP 400; "
+    "vLLM's frontend has no vocabulary, so there a failure ends the request's sequence "
+    "and is logged"
+)
+UNCOMPILED = (
+    "structured specs were checked for their size and counts only: this machine lacks "
+    "llguidance, which compiles them ({install}); a server that has it compiles them on "
+    "arrival and answers a grammar that does not compile with HTTP 400, and one without "
+    "it refuses every structured spec"
 )
 
 
@@ -100,7 +109,11 @@ def check_request(text: str) -> SpecCheck:
             False, f"a plugin fails to load, as it would at engine start: {error}", False
         )
     try:
-        specs = validate_request(extra_args, engine_in_this_process=False)
+        # Where llguidance is missing, only this machine lacks it: a structured spec is
+        # checked as far as it can be here, and the note says what was left out.
+        with checking_client_side():
+            specs = validate_request(extra_args, engine_in_this_process=False)
+            processors = [from_spec(spec) for spec in specs]
     except ValueError as error:
         return SpecCheck(False, str(error))
     if SPEC_KEY not in extra_args:
@@ -110,14 +123,24 @@ def check_request(text: str) -> SpecCheck:
             "runs this request without anylogits processors",
             False,
         )
-    processors = [from_spec(spec) for spec in specs]
     lines = [
         f"admitted: {len(processors)} processor(s), as {SERVERS} checks them (from {source})",
         *(_line(index, processor) for index, processor in enumerate(processors)),
     ]
     if any(line.endswith(" *") for line in lines):
         lines += textwrap.wrap(f"* {VOCABULARY_CHECKS}", LINE_WIDTH, subsequent_indent="  ")
+    if any(_uncompiled(processor) for processor in processors):
+        from anylogits.installation import pip_install
+
+        note = UNCOMPILED.format(install=pip_install("structured"))
+        lines += textwrap.wrap(f"note: {note}", LINE_WIDTH, subsequent_indent="  ")
     return SpecCheck(True, "\n".join(lines))
+
+
+def _uncompiled(processor: LogitsProcessor) -> bool:
+    """Whether ``processor`` is a structured one whose grammar this machine could not
+    build (no llguidance)."""
+    return bool(getattr(processor, "grammar_pending", False))
 
 
 def _read(path: str) -> str:

@@ -17,6 +17,7 @@ from anylogits.core.limits import limits
 from anylogits.core.logs import ENVIRONMENT_VARIABLE as LOG_LEVEL_VARIABLE
 from anylogits.core.logs import configure_logging
 from anylogits.core.registry import PLUGINS_VARIABLE, load_plugins
+from anylogits.processors.structured.warm import llguidance_installed
 
 VLLM_PROCESSOR_CLASS = "anylogits.adapters.vllm:AnyLogits"
 HELP_FLAGS = ("-h", "--help")
@@ -103,10 +104,19 @@ def start_line(engine: str) -> str:
         else f"the defaults (docs/limits.md; {LIMITS_VARIABLE} changes them)"
     )
     plugins = describe_plugins().split(". ")[0]
-    return (
+    line = (
         f"anylogits {__version__}: active on {SERVERS[engine][0]} (requests name processors "
         f"in vllm_xargs.anylogits); {plugins}; limits: {in_force}"
     )
+    if not llguidance_installed():
+        from anylogits.installation import pip_install
+
+        # Said here to the operator; a client asking for it gets a 400 without the path.
+        line += (
+            "; structured output (regex, JSON schema, choice, grammar) is unavailable: "
+            f"llguidance is not installed ({pip_install('structured')})"
+        )
+    return line
 
 
 def vllm_command(argv: Sequence[str]) -> list[str]:
@@ -155,6 +165,8 @@ def serve(argv: Sequence[str]) -> int:
     if missing is not None:
         print(missing, file=sys.stderr)
         return 2
+    if engine == "llama-cpp" and not wants_help:
+        options = quiet_llama_cpp(options)
     if engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             return _not_installed(engine, "No module named 'vllm'")
@@ -175,6 +187,15 @@ def serve(argv: Sequence[str]) -> int:
     return supervise(command, watched(engine, options))
 
 
+def quiet_llama_cpp(options: Sequence[str]) -> list[str]:
+    """llama-cpp-python's server options, ``--verbose false`` added unless they set it:
+    its default prints every loader line of llama.cpp (2,000 and more for one model)
+    before the server is up, and timings after each request."""
+    if any(option == "--verbose" or option.startswith("--verbose=") for option in options):
+        return list(options)
+    return [*options, "--verbose", "false"]
+
+
 def watched(engine: str, options: Sequence[str]) -> Watched:
     """What is said if ``engine``'s server ends on its own: its name, its model, and for
     llama.cpp's native code the portable build to try."""
@@ -183,9 +204,10 @@ def watched(engine: str, options: Sequence[str]) -> Watched:
         from anylogits.installation import llama_cpp_rebuild
 
         hint = (
-            "a crash in llama.cpp's native code; a llama-cpp-python built for this CPU "
-            "(pip's default) crashes on some CPUs (AMX), rebuild it portable: "
-            f"{llama_cpp_rebuild()}"
+            "the Python stack of each thread at the end is above. If one was inside "
+            "llama.cpp's native code, a llama-cpp-python built for another CPU is one "
+            "possible cause (pip's default build crashes on some CPUs, AMX); the portable "
+            f"build: {llama_cpp_rebuild()}"
         )
     return Watched(f"anylogits serve {engine}", SERVERS[engine][0], _model(options), hint)
 

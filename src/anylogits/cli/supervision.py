@@ -7,7 +7,9 @@ for the client and nothing in its log.
 The child inherits the terminal (its log is the server's own), runs with Python's
 ``faulthandler`` on (``PYTHONFAULTHANDLER``, inherited by its own Python children: a
 native crash prints each thread's Python stack first), and stays in
-this process's group, so a ``kill`` of the group reaches it. A stop asked of the command
+this process's group, so a ``kill`` of the group reaches it; on Linux it also gets SIGTERM
+when this process ends however it ends (:func:`dies_with_this_process`: a ``kill -9`` of
+the command leaves no server behind). A stop asked of the command
 (SIGTERM, SIGHUP, SIGINT) is passed on to the child once: a terminal's Ctrl-C already
 reached the whole foreground group, so SIGINT is passed on only where it did not.
 """
@@ -15,12 +17,16 @@ reached the whole foreground group, so SIGINT is passed on only where it did not
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -50,7 +56,11 @@ def supervise(argv: Sequence[str], watched: Watched) -> int:
     stderr), and the command's exit status."""
     # Every Python process of the server (vLLM's engine core too) prints its threads'
     # stacks when native code crashes.
-    process = subprocess.Popen(argv, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    process = subprocess.Popen(
+        argv,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        preexec_fn=dies_with_this_process(),
+    )
     stops: list[int] = []
 
     def pass_on(signum: int, _frame: object) -> None:
@@ -71,6 +81,23 @@ def supervise(argv: Sequence[str], watched: Watched) -> int:
         # On a line of its own, whatever the server left unfinished.
         print(f"\n{line}", file=sys.stderr, flush=True)
     return status
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen`` after which the child gets SIGTERM when
+    this process ends, however it ends (Linux's parent-death signal; ``None`` elsewhere).
+    A server started by a test dies with the test process, a ``kill -9`` included."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def set_parent_death_signal() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent ended before the signal was set
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_parent_death_signal
 
 
 def ending(code: int, *, stopped: bool, watched: Watched) -> tuple[int, str | None]:

@@ -252,6 +252,29 @@ def from_request() -> bool:
     return _FROM_REQUEST.get()
 
 
+_CLIENT_SIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "anylogits_client_side", default=False
+)
+
+
+@contextlib.contextmanager
+def checking_client_side() -> Iterator[None]:
+    """Specs built inside this block are checked for a client (``vllm_xargs``,
+    ``anylogits check-spec``), not admitted by a server: what needs an engine this
+    process lacks (llguidance, for a structured processor) is left to the server, which
+    checks it again."""
+    token = _CLIENT_SIDE.set(True)
+    try:
+        yield
+    finally:
+        _CLIENT_SIDE.reset(token)
+
+
+def client_side() -> bool:
+    """Whether specs are being checked for a client (:func:`checking_client_side`)."""
+    return _CLIENT_SIDE.get()
+
+
 def check_request_size(field: str, size: int, limit: str, unit: str) -> None:
     """:func:`check_size` for a request's sizes only: a processor built in this process
     by its user (not from a spec) is bounded by what it costs, not by its size (a 900 KB

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from anylogits.core.limits import checking_client_side
 from anylogits.core.pipeline import flatten
 from anylogits.core.registry import offered
 from anylogits.core.specs import parse_specs, to_specs
@@ -74,8 +75,9 @@ def processor_specs(*processors: Any) -> list[dict[str, Any]]:
 def vllm_xargs(*processors: Any) -> dict[str, str]:
     """The ``vllm_xargs`` payload that asks a vLLM server to run ``processors``.
 
-    Needs no vLLM: clients send it as ``extra_body={"vllm_xargs": vllm_xargs(...)}``. The
-    server only carries flat values, so the specs travel as one JSON string.
+    Needs no vLLM, and no llguidance for a structured processor (the server compiles
+    it): clients send it as ``extra_body={"vllm_xargs": vllm_xargs(...)}``. The server
+    only carries flat values, so the specs travel as one JSON string.
 
     Example:
         >>> from anylogits import TopK
@@ -83,5 +85,6 @@ def vllm_xargs(*processors: Any) -> dict[str, str]:
         {'anylogits': '[{"type":"top_k","top_k":5,"min_tokens_to_keep":1}]'}
     """
     text = json.dumps(processor_specs(*processors), separators=(",", ":"))
-    request_specs({SPEC_KEY: text})
+    with checking_client_side():
+        request_specs({SPEC_KEY: text})
     return {SPEC_KEY: text}

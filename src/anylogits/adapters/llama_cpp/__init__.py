@@ -20,6 +20,9 @@ One module per concern:
   over every token of the vocabulary, the ones our processors set to ``-inf`` included.
   When a ``logits_processor`` list holds our hook, the callback also tells llama.cpp which
   candidates are left, as its own truncating samplers do.
+- :mod:`~anylogits.adapters.llama_cpp.budget`: ``max_tokens`` as a hard bound, which
+  llama-cpp-python's completion loop skips while its text ends in an unfinished UTF-8
+  sequence (a model emitting lead bytes would generate until the context is full).
 - :mod:`~anylogits.adapters.llama_cpp.vocabulary`: the model's own vocabulary.
 - :mod:`~anylogits.adapters.llama_cpp.server`: the server's wiring.
 
@@ -37,8 +40,10 @@ by name against the pinned version (``LLAMA_CPP_PYTHON_VERSION``) by
 - ``Llama._input_ids``: the history the list's processors are given.
 - ``Llama._model``: its ``vocab`` handle, for ``llama_token_to_piece`` and the
   end-of-generation and control token tests.
-- ``Llama.create_completion``: wrapped on the served model (server), to add a request's
-  processors to its ``logits_processor`` list.
+- ``Llama.create_completion``: wrapped on the user's model (once), to bound a
+  completion by its ``max_tokens`` (``stopping_criteria`` reaches ``generate``, whose
+  loop asks it once more after the last token), and on the served model (server), to add
+  a request's processors to its ``logits_processor`` list.
 - ``llama_cpp.server.app._llama_proxy``: the model proxy ``create_app`` builds (server).
 - ``llama_cpp.server.__main__.create_app``: the name the server command calls, replaced
   while ``anylogits serve llama-cpp`` runs.
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import llama_cpp
 
+from anylogits.adapters.llama_cpp.budget import TokenBudget, bound_max_tokens
 from anylogits.adapters.llama_cpp.candidates import (
     SHRINK_BELOW,
     CandidateSetSampler,
@@ -75,7 +81,10 @@ def for_llama_cpp(
             and its ``generate`` is wrapped (once) so that a processor error stops the
             generation and is raised to the caller instead of being swallowed. Its
             ``_init_sampler`` is wrapped (once) too, so that llama.cpp samples only from
-            the candidates the processors leave (:class:`CandidateSetSampler`).
+            the candidates the processors leave (:class:`CandidateSetSampler`), and its
+            ``create_completion`` stops every completion at its ``max_tokens``
+            (:func:`bound_max_tokens`; llama-cpp-python's own loop does not while the
+            text ends in an unfinished UTF-8 sequence).
 
     Example::
 
@@ -98,15 +107,18 @@ def for_llama_cpp(
         Pipeline(processors, vocab), model.token_eos(), guard_generate(model)
     )
     use_candidate_sets(model)
+    bound_max_tokens(model)
     return AnyLogitsProcessorList([hook])
 
 
 __all__ = [
     "SHRINK_BELOW",
     "AnyLogitsProcessorList",
+    "TokenBudget",
     "CandidateSetSampler",
     "HookFailures",
     "LlamaCppLogitsProcessor",
+    "bound_max_tokens",
     "for_llama_cpp",
     "vocabulary_of",
 ]

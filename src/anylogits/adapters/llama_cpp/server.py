@@ -14,6 +14,10 @@ server command (``python -m llama_cpp.server``, every option of it) with the app
   ``generate`` notes the token ids when the request asks for them (``return_token_ids``,
   vLLM's flag; the middleware writes them into the response).
 
+Every completion stops at its ``max_tokens``, with or without processors
+(:mod:`~anylogits.adapters.llama_cpp.budget`: llama-cpp-python's own loop does not while
+its text ends in an unfinished UTF-8 sequence).
+
 llama-cpp-python serves one request at a time, so a request's processors run alone.
 
 What of llama-cpp-python it relies on is listed in the package's docstring.
@@ -35,6 +39,7 @@ import llama_cpp
 import llama_cpp.server.__main__ as server_command
 import llama_cpp.server.app as server_app
 
+from anylogits.adapters.llama_cpp.budget import bound_max_tokens
 from anylogits.adapters.llama_cpp.candidates import use_candidate_sets
 from anylogits.adapters.llama_cpp.hook import (
     AnyLogitsProcessorList,
@@ -207,6 +212,7 @@ def serve_requests(llm: llama_cpp.Llama) -> None:
     if llm.__dict__.get("_anylogits_serving"):
         return
     use_candidate_sets(llm)
+    bound_max_tokens(llm)
     eos = llm.token_eos()
     create_completion = llm.create_completion
     generate = llm.generate

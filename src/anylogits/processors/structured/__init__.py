@@ -22,20 +22,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths
-from anylogits.core.limits import check_items, check_request_size, from_request
+from anylogits.core.limits import check_items, check_request_size, client_side, from_request
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.bounds.counts import check_lark, check_regex, check_schema
 from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_lexing
-from anylogits.processors.structured.engine import ENGINE, load_llguidance
+from anylogits.processors.structured.engine import (
+    ENGINE,
+    StructuredUnavailable,
+    load_llguidance,
+)
 from anylogits.processors.structured.mask import ReusedBitmask, apply_bitmask, pack_ids
 from anylogits.processors.structured.state import GrammarCursor, fill_bitmask
 
@@ -50,9 +54,21 @@ def _ended_row(eos_token_ids: frozenset[int], words: int) -> torch.Tensor:
 class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     """A processor whose state is a cursor on a grammar matcher's token line."""
 
-    def _set_grammar(self, grammar: str, what: str) -> None:
-        self.grammar = grammar
+    def _set_grammar(self, build: Callable[[], str], what: str) -> None:
+        """Keep the grammar ``build`` returns (llguidance's text of the spec); ``what``
+        names it in errors. Built now, except where llguidance is not installed and no
+        server is admitting the spec: a client builds a spec to send it, and the server
+        builds its grammar; in this process, binding to a vocabulary needs it
+        (:attr:`grammar`)."""
         self._what = what
+        self._build_grammar = build
+        self._grammar: str | None = None
+        try:
+            grammar = self.grammar
+        except StructuredUnavailable:
+            if client_side() or not from_request():
+                return
+            raise
         # A spec from a request is compiled first in the guarded checker (bounded CPU
         # time and memory; a server answers 400 there). One built here by its user is
         # compiled once, when it is bound to a vocabulary, as llguidance alone would:
@@ -61,6 +77,19 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         if from_request():
             with self._compile_errors():
                 ENGINE.check(grammar)
+
+    @property
+    def grammar_pending(self) -> bool:
+        """Whether the grammar is still to be built: a spec checked for a client on a
+        machine without llguidance (the server builds it)."""
+        return self._grammar is None
+
+    @property
+    def grammar(self) -> str:
+        """llguidance's grammar of this processor's spec."""
+        if self._grammar is None:
+            self._grammar = self._build_grammar()
+        return self._grammar
 
     @contextlib.contextmanager
     def _compile_errors(self) -> Iterator[None]:
@@ -143,9 +172,10 @@ class Regex(_Grammar):
         check_request_size("pattern", len(pattern), "grammar_chars", "characters")
         check_regex(pattern, "pattern")
         self.pattern = pattern
-        self._set_grammar(
-            load_llguidance().LLMatcher.grammar_from_regex(pattern), f"regex {pattern!r}"
-        )
+        self._set_grammar(self._regex_grammar, f"regex {pattern!r}")
+
+    def _regex_grammar(self) -> str:
+        return load_llguidance().LLMatcher.grammar_from_regex(self.pattern)  # type: ignore[no-any-return]
 
     def config(self) -> dict[str, Any]:
         return {"pattern": self.pattern}
@@ -217,13 +247,15 @@ class JSONSchema(_Grammar):
         self.schema = schema
         self.flexible_whitespace = flexible_whitespace
         self.lenient = lenient
+        self._set_grammar(self._json_grammar, "the JSON schema")
+
+    def _json_grammar(self) -> str:
         try:
-            grammar = load_llguidance().LLMatcher.grammar_from_json_schema(
-                schema, defaults=json_options(flexible_whitespace, lenient)
+            return load_llguidance().LLMatcher.grammar_from_json_schema(  # type: ignore[no-any-return]
+                self.schema, defaults=json_options(self.flexible_whitespace, self.lenient)
             )
         except ValueError as error:
             raise ValueError(f"JSONSchema: schema is not usable: {error}") from None
-        self._set_grammar(grammar, "the JSON schema")
 
     def config(self) -> dict[str, Any]:
         return {
@@ -261,10 +293,11 @@ class Choice(_Grammar):
         if len(set(choices)) != len(choices):
             raise ValueError(f"choices holds duplicates: {choices!r}")
         self.choices = list(choices)
+        self._set_grammar(self._choice_grammar, "the choices")
+
+    def _choice_grammar(self) -> str:
         alternatives = " | ".join(json.dumps(choice) for choice in self.choices)
-        self._set_grammar(
-            load_llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}"), "the choices"
-        )
+        return load_llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}")  # type: ignore[no-any-return]
 
     def config(self) -> dict[str, Any]:
         return {"choices": list(self.choices)}
@@ -296,15 +329,19 @@ class Grammar(_Grammar):
             raise ValueError(f"syntax must be 'lark' or 'gbnf', got {syntax!r}")
         self.text = grammar
         self.syntax = syntax
-        llguidance = load_llguidance()
+        self._set_grammar(self._converted, f"the {syntax} grammar")
+
+    def _converted(self) -> str:
         try:
-            compiled = llguidance.grammar_from(syntax, grammar)
+            compiled: str = load_llguidance().grammar_from(self.syntax, self.text)
         except ValueError as error:
-            raise ValueError(f"Grammar: the {syntax} grammar does not convert: {error}") from None
+            raise ValueError(
+                f"Grammar: the {self.syntax} grammar does not convert: {error}"
+            ) from None
         # GBNF arrives converted to llguidance's Lark: one reader bounds both.
         check_lark(compiled, "grammar")
         check_greedy_lexing(compiled, "grammar")
-        self._set_grammar(compiled, f"the {syntax} grammar")
+        return compiled
 
     def config(self) -> dict[str, Any]:
         return {"grammar": self.text, "syntax": self.syntax}

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from anylogits.core.limits import limits, llguidance_limits
+from anylogits.core.limits import client_side, from_request, limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.cache import BoundedCache, grammar_key
 from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed
@@ -65,16 +65,27 @@ class GrammarEngine(Protocol):
         sequences end); raise ``RuntimeError`` if the engine fails otherwise."""
 
 
+class StructuredUnavailable(ImportError):
+    """llguidance, the structured processors' engine, is not installed in this process."""
+
+
 def load_llguidance() -> Any:
-    """The llguidance module; ``ImportError`` saying how to install it when missing."""
+    """The llguidance module; :class:`StructuredUnavailable` when it is missing, saying how
+    to install it, or, for a server's request, only that this server has no structured
+    output (a client learns nothing of the server's installation)."""
     try:
         # Not llguidance.torch: its torch.compile decorator imports Dynamo (~2 s of a
         # process's first structured processor), and the bitmask is filled here.
         import llguidance
     except ImportError:
+        if from_request() and not client_side():
+            raise StructuredUnavailable(
+                "structured output (regex, JSON schema, choice, grammar) is unavailable on "
+                "this server: its engine, llguidance, is not installed there"
+            ) from None
         from anylogits.installation import pip_install
 
-        raise ImportError(
+        raise StructuredUnavailable(
             f"structured generation needs llguidance: {pip_install('structured')}"
         ) from None
     return llguidance
