@@ -36,6 +36,7 @@ import dataclasses
 import io
 import itertools
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -48,6 +49,8 @@ from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.warm import prepare_structured_in_background
 from anylogits.serving import Admitted, Refused, admit, error_body, log_refusal, with_token_ids
+
+logger = logging.getLogger(__name__)
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
 DEFAULT_MODEL = "default_model"  # what mlx-lm calls the model given with --model
@@ -156,7 +159,13 @@ class AnyLogitsHandler(mlx_server.APIHandler):
                 self.rfile = io.BytesIO(raw)  # mlx-lm reads the body again
                 if not self._admit(raw):
                     return
-        super().do_POST()
+        try:
+            super().do_POST()
+        except (BrokenPipeError, ConnectionResetError):
+            # A client that hung up mid-answer: mlx-lm stops its generation (its handler's
+            # `finally`); one line for the operator instead of socketserver's traceback.
+            self.close_connection = True
+            logger.info("anylogits: the client of POST %s went away; its generation is stopped", self.path)
 
     def _admit(self, raw: bytes) -> bool:
         try:
