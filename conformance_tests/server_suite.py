@@ -29,6 +29,7 @@ from anylogits import (
 )
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
 from conformance_tests.server_bounds import *  # noqa: F403  (every server's bounds)
+from conformance_tests.server_soak import *  # noqa: F403  (every server's soak)
 from conformance_tests.servers import (
     Server,
     Servers,

@@ -28,6 +28,15 @@ from anylogits import (  # noqa: E402
     vllm_xargs,
 )
 from anylogits.engines.generation import NEW_TOKENS, TransformersEngine  # noqa: E402
+from conformance_tests.server_bounds import (  # noqa: E402, F401  (run here too)
+    served_vocabulary,
+    test_a_client_dropping_its_stream_leaves_the_server_whole,
+    test_a_forced_byte_stops_at_max_tokens,
+    test_an_error_answer_leaves_the_connection_serving,
+)
+from conformance_tests.server_soak import (  # noqa: E402, F401  (run here too)
+    test_a_soak_of_random_specs_from_concurrent_clients,
+)
 from conformance_tests.server_suite import (  # noqa: E402, F401  (run here too)
     test_a_server_whose_engine_dies_says_so_and_exits_non_zero,
     test_concurrent_clients_get_what_each_gets_alone,
