@@ -123,9 +123,7 @@ def _request(client: Any, server: Server, **fields: Any) -> dict[str, Any]:
     }
 
 
-def test_a_client_dropping_its_stream_leaves_the_server_whole(
-    client: Any, server: Server
-) -> None:
+def test_a_client_dropping_its_stream_leaves_the_server_whole(client: Any, server: Server) -> None:
     """Clients that read the first chunk of a long stream and hang up: the server serves
     the next request on a new connection, in full and at once."""
     for _ in range(3):

@@ -75,7 +75,9 @@ def test_a_valid_file_is_admitted_with_a_summary_of_what_it_builds(tmp_path: Pat
     said = " ".join(result.stdout.split())
     assert "checked against the model's vocabulary on the server" in said
     # What each server does with a failure there: llama.cpp's and mlx-lm's answer 400.
-    assert "servers build the processors before generating and answer a failure with HTTP 400" in said
+    assert (
+        "servers build the processors before generating and answer a failure with HTTP 400" in said
+    )
     assert "vLLM's frontend has no vocabulary" in said
 
 

@@ -17,7 +17,7 @@ import pytest
 from anylogits.cli.demo.cases import STOP, Case, demo_cases
 from anylogits.cli.demo.measure import SAME, Cell, Reference, measure, timing_warning
 from anylogits.cli.demo.progress import step
-from anylogits.cli.demo.table import _ratio, progress_text, render
+from anylogits.cli.demo.table import _ratio, _row, progress_text, render
 from anylogits.installation import pip_install
 
 
@@ -162,12 +162,36 @@ def test_a_ratio_within_the_runs_spread_is_called_noise() -> None:
     assert _ratio(timed(0.1, ours=2e-3)) == "2.00x"
     assert _ratio(timed(0.3, ours=1.2e-3)) == "noisy"
     assert progress_text(timed(0.3, ours=1.2e-3)).endswith(
-        "1.20x, too noisy to tell (runs differed by 30%)"
+        "1.20x, too noisy to tell (this case's runs differed by 30%; the best of each side "
+        "counts)"
     )
     assert progress_text(timed(None, ours=2e-3)).endswith(
         "2.00x, too noisy to tell (one run a side)"
     )
     assert timing_warning([timed(None)], load=None, cores=2) is None
+
+
+def test_a_side_timed_alone_is_marked_noisy_where_its_runs_differed() -> None:
+    """An unprocessed baseline (native only) or a job with no native (ours only) has no
+    ratio; its cost still reads noisy where its runs differed by more than the warning's
+    threshold, in the table and the progress line."""
+    baseline = Cell([1], SAME, None, 85.78e-3, None, None, 0.5)
+    assert progress_text(baseline) == (
+        "same, 85.78 ms/token, too noisy to tell (this case's runs differed by 50%; the "
+        "best of each side counts)"
+    )
+    reference = Reference([1], False, [1], 1, [1])
+    (row,) = _table_row("llama_cpp", baseline, reference)
+    assert row.rstrip().endswith("85.78  noisy"), row
+    quiet = Cell([1], SAME, None, 25e-3, None, None, 0.05)
+    assert progress_text(quiet) == "same, 25.00 ms/token"
+    assert not _table_row("llama_cpp", quiet, reference)[0].rstrip().endswith("noisy")
+    alone = Cell([1], SAME, 30e-3, None, "json schema", None, 0.9)
+    assert _table_row("llama_cpp", alone, reference)[0].rstrip().endswith("noisy")
+
+
+def _table_row(engine: str, cell: Cell, reference: Reference) -> list[str]:
+    return [_row(engine, cell, reference, lambda ids: "")]
 
 
 def test_one_run_a_side_has_no_spread() -> None:

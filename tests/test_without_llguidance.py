@@ -50,11 +50,11 @@ def test_a_client_builds_structured_specs_without_llguidance() -> None:
 
 def test_a_server_without_llguidance_refuses_without_its_paths() -> None:
     printed = _without_llguidance(
-        f"""
+        """
         from anylogits import Vocabulary
         from anylogits.serving import Refused, admit
-        vocab = Vocabulary((b"a", b"b", b"<eos>"), eos_token_ids=frozenset({{2}}))
-        body = {{"vllm_xargs": {{"anylogits": '[{{"type": "json_schema", "schema": {{}}}}]'}}}}
+        vocab = Vocabulary((b"a", b"b", b"<eos>"), eos_token_ids=frozenset({2}))
+        body = {"vllm_xargs": {"anylogits": '[{"type": "json_schema", "schema": {}}]'}}
         try:
             admit(body, vocab, request="r")
         except Refused as refusal:

@@ -114,10 +114,10 @@ def for_llama_cpp(
 __all__ = [
     "SHRINK_BELOW",
     "AnyLogitsProcessorList",
-    "TokenBudget",
     "CandidateSetSampler",
     "HookFailures",
     "LlamaCppLogitsProcessor",
+    "TokenBudget",
     "bound_max_tokens",
     "for_llama_cpp",
     "vocabulary_of",

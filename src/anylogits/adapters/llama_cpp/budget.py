@@ -135,4 +135,3 @@ def _reported(response: Any, budget: TokenBudget) -> Any:
             if isinstance(choice, dict) and choice.get("finish_reason") == "stop":
                 choice["finish_reason"] = "length"
     return response
-

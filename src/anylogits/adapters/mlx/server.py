@@ -165,7 +165,9 @@ class AnyLogitsHandler(mlx_server.APIHandler):
             # A client that hung up mid-answer: mlx-lm stops its generation (its handler's
             # `finally`); one line for the operator instead of socketserver's traceback.
             self.close_connection = True
-            logger.info("anylogits: the client of POST %s went away; its generation is stopped", self.path)
+            logger.info(
+                "anylogits: the client of POST %s went away; its generation is stopped", self.path
+            )
 
     def _admit(self, raw: bytes) -> bool:
         try:

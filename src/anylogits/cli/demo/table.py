@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from anylogits.cli.demo.cases import Case
-from anylogits.cli.demo.measure import DIFFERS, Cell, Reference
+from anylogits.cli.demo.measure import DIFFERS, NOISY_SPREAD, Cell, Reference
 from anylogits.cli.demo.selection import SERVE_COMMANDS, install_command, install_note
 
 ERROR = "ERROR"
@@ -93,20 +93,37 @@ def _ratio(cell: Cell, *, long: bool = False) -> str:
     if cell.spread is None or abs(ratio - 1) <= cell.spread:
         if not long:
             return NOISY
-        runs = "one run a side" if cell.spread is None else f"runs differed by {cell.spread:.0%}"
-        return f"{ratio:.2f}x, too noisy to tell ({runs})"
+        return f"{ratio:.2f}x, too noisy to tell ({_runs(cell.spread)})"
     return f"{ratio:.2f}x"
+
+
+def _runs(spread: float | None) -> str:
+    """How much one case's timed runs differed: this case's alone (the footer's warning
+    speaks of the median case), and the best run of each side is what counts."""
+    if spread is None:
+        return "one run a side"
+    return f"this case's runs differed by {spread:.0%}; the best of each side counts"
+
+
+def _one_side_noisy(cell: Cell) -> bool:
+    """Whether a cell timed on one side only (an unprocessed baseline, a job with no
+    native) had runs too far apart for its cost to be read alone."""
+    return cell.spread is not None and cell.spread > NOISY_SPREAD
 
 
 def progress_text(cell: Cell) -> str:
     """A case's cell on one engine as the demo's progress line says it."""
+    if cell.ours is not None and cell.no_native is None:
+        ratio = _ratio(cell, long=True)
+        return f"{cell.verdict}, {_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {ratio}"
     if cell.no_native is not None:
         cost = f"{_ms(cell.ours)} ms/token, no native"
-    elif cell.ours is None:
-        cost = "not timed" if cell.native is None else f"{_ms(cell.native)} ms/token"
+    elif cell.native is None:
+        return f"{cell.verdict}, not timed"
     else:
-        ratio = _ratio(cell, long=True)
-        cost = f"{_ms(cell.ours)} vs {_ms(cell.native)} ms/token native, {ratio}"
+        cost = f"{_ms(cell.native)} ms/token"
+    if _one_side_noisy(cell):
+        cost += f", too noisy to tell ({_runs(cell.spread)})"
     return f"{cell.verdict}, {cost}"
 
 
@@ -119,10 +136,12 @@ def _row(engine: str, cell: Cell, reference: Reference, decode: Callable[[list[i
         shown = "  " + _tokens(cell.tokens, first, decode)
     if cell.outcome is not None and not cell.outcome.ok:
         shown += f"  {cell.outcome.label}: {cell.outcome.text}"
+    # A side timed alone carries the noise mark too, where its runs differed too much.
+    noisy = f"  {NOISY}" if _one_side_noisy(cell) else ""
     if cell.no_native is not None:
-        cost = f"{_ms(cell.ours):>9}  no native ({cell.no_native})"
+        cost = f"{_ms(cell.ours):>9}  no native ({cell.no_native}){noisy}"
     elif cell.ours is None:
-        cost = f"{'-':>9} {_ms(cell.native):>9}"
+        cost = f"{'-':>9} {_ms(cell.native):>9}{noisy}"
     else:
         cost = f"{_ms(cell.ours):>9} {_ms(cell.native):>9} {_ratio(cell):>6}"
     return f"  {engine:<13} {verdict:<13} {cost}{shown}"
