@@ -162,8 +162,7 @@ def test_a_ratio_within_the_runs_spread_is_called_noise() -> None:
     assert _ratio(timed(0.1, ours=2e-3)) == "2.00x"
     assert _ratio(timed(0.3, ours=1.2e-3)) == "noisy"
     assert progress_text(timed(0.3, ours=1.2e-3)).endswith(
-        "1.20x, too noisy to tell (this case's runs differed by 30%; the best of each side "
-        "counts)"
+        "1.20x, too noisy to tell (this case's runs differed by 30%; the best of each side counts)"
     )
     assert progress_text(timed(None, ours=2e-3)).endswith(
         "2.00x, too noisy to tell (one run a side)"
