@@ -175,7 +175,7 @@ class Regex(_Grammar):
         self._set_grammar(self._regex_grammar, f"regex {pattern!r}")
 
     def _regex_grammar(self) -> str:
-        return load_llguidance().LLMatcher.grammar_from_regex(self.pattern)  # type: ignore[no-any-return]
+        return load_llguidance().LLMatcher.grammar_from_regex(self.pattern)
 
     def config(self) -> dict[str, Any]:
         return {"pattern": self.pattern}
@@ -251,7 +251,7 @@ class JSONSchema(_Grammar):
 
     def _json_grammar(self) -> str:
         try:
-            return load_llguidance().LLMatcher.grammar_from_json_schema(  # type: ignore[no-any-return]
+            return load_llguidance().LLMatcher.grammar_from_json_schema(
                 self.schema, defaults=json_options(self.flexible_whitespace, self.lenient)
             )
         except ValueError as error:
@@ -297,7 +297,7 @@ class Choice(_Grammar):
 
     def _choice_grammar(self) -> str:
         alternatives = " | ".join(json.dumps(choice) for choice in self.choices)
-        return load_llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}")  # type: ignore[no-any-return]
+        return load_llguidance().LLMatcher.grammar_from_lark(f"start: {alternatives}")
 
     def config(self) -> dict[str, Any]:
         return {"choices": list(self.choices)}
