@@ -17,7 +17,6 @@ from anylogits.core.limits import limits
 from anylogits.core.logs import ENVIRONMENT_VARIABLE as LOG_LEVEL_VARIABLE
 from anylogits.core.logs import configure_logging
 from anylogits.core.registry import PLUGINS_VARIABLE, load_plugins
-from anylogits.processors.structured.warm import llguidance_installed
 
 VLLM_PROCESSOR_CLASS = "anylogits.adapters.vllm:AnyLogits"
 HELP_FLAGS = ("-h", "--help")
@@ -108,6 +107,8 @@ def start_line(engine: str) -> str:
         f"anylogits {__version__}: active on {SERVERS[engine][0]} (requests name processors "
         f"in vllm_xargs.anylogits); {plugins}; limits: {in_force}"
     )
+    from anylogits.processors.structured.warm import llguidance_installed
+
     if not llguidance_installed():
         from anylogits.installation import pip_install
 
