@@ -25,5 +25,14 @@ class PipelineHook:
         """Forget tracked sequences before reusing this hook for unrelated prompts."""
         self.pipeline.reset()
 
+    def release(self) -> None:
+        """Let go of the pipeline (its processors and every sequence's state) once the hook
+        has run its last call. A hook can outlive its generation in garbage that only a
+        later cycle collection frees (llama-cpp-python's sampler chains are reference
+        cycles); released, it holds nothing heavy there. A released hook must not run."""
+        self.pipeline = None  # type: ignore[assignment]
+
     def __repr__(self) -> str:
+        if self.pipeline is None:
+            return f"{type(self).__name__}(released)"
         return f"{type(self).__name__}({list(self.pipeline.processors)!r})"
