@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -78,6 +79,43 @@ class Server:
             pytest.fail(
                 f"the {self.backend} server exited with code {code}; log tail:\n{self.log_tail()}"
             )
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux ``/proc``), of all its threads."""
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
+def frontend_pid(server: Server) -> int:
+    """The engine's own server process: the child ``anylogits serve`` (``server.process``,
+    which only watches it) runs."""
+    (child,) = child_pids(server.process.pid)
+    return child
+
+
+def resident_bytes(pid: int) -> int:
+    """The resident memory of one process (``VmRSS``)."""
+    match = re.search(r"^VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
+    if match is None:
+        raise RuntimeError(f"no VmRSS for process {pid}")
+    return int(match[1]) * 1024
+
+
+def process_tree_rss(pid: int) -> int:
+    """The resident bytes of ``pid`` and every process below it."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            pending += child_pids(current)
+            total += resident_bytes(current)
+        except (OSError, RuntimeError):
+            continue  # ended meanwhile
+    return total
 
 
 def _free_port() -> int:

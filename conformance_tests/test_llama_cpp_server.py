@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("fastapi")
 
 from conformance_tests.server_suite import *  # noqa: F403  (the suite's tests)
+from conformance_tests.servers import frontend_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("llama_cpp")]
 
@@ -27,17 +29,9 @@ def test_the_server_runs_with_two_malloc_arenas(server: Any) -> None:
     ``MALLOC_ARENA_MAX=2`` (unless the operator set it): with glibc's default, each of
     FastAPI's worker threads kept an arena and a 720-request soak grew the server by
     ~370 MiB; with two it stayed flat."""
-    from pathlib import Path
-
-    children = [
-        int(pid)
-        for task in Path(f"/proc/{server.process.pid}/task").iterdir()
-        for pid in (task / "children").read_text().split()
-    ]
-    assert children, "anylogits serve runs the server as its child"
-    environment = Path(f"/proc/{children[0]}/environ").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{frontend_pid(server)}/environ").read_bytes().split(b"\0")
     expected = os.environ.get("MALLOC_ARENA_MAX", "2")
-    assert f"MALLOC_ARENA_MAX={expected}".encode() in environment
+    assert f"MALLOC_ARENA_MAX={expected}".encode() in environ
 
 
 def test_what_the_wiring_relies_on_is_there() -> None:

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +27,12 @@ openai = pytest.importorskip("openai")
 
 from anylogits import JSONSchema, to_specs  # noqa: E402
 from anylogits.core.limits import limits  # noqa: E402
-from conformance_tests.servers import SERVER_BACKENDS, Server  # noqa: E402
+from conformance_tests.servers import (  # noqa: E402
+    SERVER_BACKENDS,
+    Server,
+    frontend_pid,
+    resident_bytes,
+)
 from test_support.catalogue import SMALL_SCHEMA  # noqa: E402
 from test_support.hostile import (  # noqa: E402
     FOUND_BY_FUZZING,
@@ -87,11 +91,10 @@ def plain_text(client: Any, server: Server) -> str:
     return _plain(client)
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+def _rss_mb(server: Server) -> float:
+    """The engine's server's resident memory (not that of ``anylogits serve``, which
+    watches it: measured there, the bound below held whatever the server did)."""
+    return resident_bytes(frontend_pid(server)) / 2**20
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +105,7 @@ def frontend_rss_mb(client: Any, server: Server, baseline: float) -> float:
     model's vocabulary from the first structured request on."""
     _, result = _hostile(client, json.dumps(to_specs([JSONSchema(SMALL_SCHEMA)])))
     assert not isinstance(result, Exception), result
-    return _rss_mb(server.process.pid)
+    return _rss_mb(server)
 
 
 def _hostile(client: Any, payload: Any) -> tuple[float, Any]:
@@ -291,7 +294,7 @@ def test_server_still_serves_and_its_log_is_clean(
     """Run last (file order)."""
     assert _plain(client) == plain_text
     server.check_alive()
-    grown = _rss_mb(server.process.pid) - frontend_rss_mb
+    grown = _rss_mb(server) - frontend_rss_mb
     if REFUSALS:
         slowest = max(REFUSALS, key=lambda case: REFUSALS[case][0])
         slowed = max(REFUSALS, key=lambda case: REFUSALS[case][1])

@@ -232,18 +232,25 @@ def check_text(field: str, text: Any, limit: str = "text_chars") -> None:
 _FROM_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "anylogits_from_request", default=False
 )
+_CLIENT_SIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "anylogits_client_side", default=False
+)
 
 
 @contextlib.contextmanager
-def building_from_request() -> Iterator[None]:
-    """Processors built inside this block come from a request (a spec, on a server):
-    the limits of a request's size apply to them as well as the costs' (see
-    :func:`check_request_size`). :func:`~anylogits.core.specs.from_spec` builds there."""
-    token = _FROM_REQUEST.set(True)
+def _set_within(flag: contextvars.ContextVar[bool]) -> Iterator[None]:
+    token = flag.set(True)
     try:
         yield
     finally:
-        _FROM_REQUEST.reset(token)
+        flag.reset(token)
+
+
+def building_from_request() -> contextlib.AbstractContextManager[None]:
+    """Processors built inside this block come from a request (a spec, on a server):
+    the limits of a request's size apply to them as well as the costs' (see
+    :func:`check_request_size`). :func:`~anylogits.core.specs.from_spec` builds there."""
+    return _set_within(_FROM_REQUEST)
 
 
 def from_request() -> bool:
@@ -252,27 +259,19 @@ def from_request() -> bool:
     return _FROM_REQUEST.get()
 
 
-_CLIENT_SIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "anylogits_client_side", default=False
-)
-
-
-@contextlib.contextmanager
-def checking_client_side() -> Iterator[None]:
+def checking_client_side() -> contextlib.AbstractContextManager[None]:
     """Specs built inside this block are checked for a client (``vllm_xargs``,
     ``anylogits check-spec``), not admitted by a server: what needs an engine this
     process lacks (llguidance, for a structured processor) is left to the server, which
     checks it again."""
-    token = _CLIENT_SIDE.set(True)
-    try:
-        yield
-    finally:
-        _CLIENT_SIDE.reset(token)
+    return _set_within(_CLIENT_SIDE)
 
 
-def client_side() -> bool:
-    """Whether specs are being checked for a client (:func:`checking_client_side`)."""
-    return _CLIENT_SIDE.get()
+def admitted_by_server() -> bool:
+    """Whether the processor being built is a request's spec that a server is admitting
+    (not a client checking it, see :func:`checking_client_side`, nor a user's own): only
+    there must what its engine needs be at hand now."""
+    return _FROM_REQUEST.get() and not _CLIENT_SIDE.get()
 
 
 def check_request_size(field: str, size: int, limit: str, unit: str) -> None:

@@ -29,7 +29,12 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths
-from anylogits.core.limits import check_items, check_request_size, client_side, from_request
+from anylogits.core.limits import (
+    admitted_by_server,
+    check_items,
+    check_request_size,
+    from_request,
+)
 from anylogits.core.processor import StatefulLogitsProcessor
 from anylogits.core.specs import check_json_value
 from anylogits.core.vocab import Vocabulary
@@ -66,7 +71,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         try:
             grammar = self.grammar
         except StructuredUnavailable:
-            if client_side() or not from_request():
+            if not admitted_by_server():
                 return
             raise
         # A spec from a request is compiled first in the guarded checker (bounded CPU

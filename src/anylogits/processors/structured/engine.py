@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from anylogits.core.limits import client_side, from_request, limits, llguidance_limits
+from anylogits.core.limits import admitted_by_server, limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.cache import BoundedCache, grammar_key
 from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed
@@ -78,7 +78,7 @@ def load_llguidance() -> Any:
         # process's first structured processor), and the bitmask is filled here.
         import llguidance
     except ImportError:
-        if from_request() and not client_side():
+        if admitted_by_server():
             raise StructuredUnavailable(
                 "structured output (regex, JSON schema, choice, grammar) is unavailable on "
                 "this server: its engine, llguidance, is not installed there"
