@@ -36,10 +36,19 @@ TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 BACKENDS = {
     # peers: outlines (the structured benchmark's yardstick, its smoke test) and
     # logits-processor-zoo (the phrase processors' oracle).
+    # transformers-serve: transformers' own server, which the server suite drives.
     "transformers": {
-        "extras": "transformers,structured",
+        "extras": "transformers,transformers-serve,structured",
         "module": "transformers",
         "groups": ("peers",),
+        "examples": ("examples/anylogits-example-plugin",),
+    },
+    # transformers' continuous batching (generate_batch, its manager, transformers serve
+    # --continuous-batching): the same install, its own backend in the suite.
+    "transformers_cb": {
+        "extras": "transformers,transformers-serve,structured",
+        "module": "transformers",
+        "examples": ("examples/anylogits-example-plugin",),
     },
     # The example plugin: every server suite serves its processor by name.
     "llama_cpp": {
@@ -182,6 +191,7 @@ def kernels(session: nox.Session) -> None:
 
 # What names each backend in a unit test module (code, skip reasons or docstrings).
 BACKEND_NAMES = {
+    "transformers_cb": ("transformers_cb", "continuous batching", "transformers serve"),
     "llama_cpp": ("llama_cpp", "llama-cpp", "llama.cpp"),
     "mlx": ("mlx",),
     "vllm": ("vllm",),

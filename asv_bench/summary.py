@@ -68,6 +68,7 @@ def _param_names(key: str) -> list[str]:
         "EngineVsNativeLlamaCpp": ["model", "job"],
         "EngineVsNativeMlx": ["model", "job"],
         "EngineVsNativeVllm": ["model", "job"],
+        "ContinuousBatchingVsNative": ["model", "concurrent"],
         "PipelineChain": ["vocab", "batch"],
         "TopPVsTransformers": ["logits", "batch"],
         "GpuVsTransformers": ["job", "batch"],
@@ -230,6 +231,16 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
             ("c", "mlx", "Mlx", "mlx-lm generate_step"),
             ("d", "vllm", "Vllm", "vLLM-CPU, 32 requests x 64 tokens"),
         ]
+    ),
+    (
+        "10f. transformers continuous batching, 8 and 32 concurrent requests: anylogits' "
+        "Temperature + TopK + TopP / transformers' own per-request ones, per generated token",
+        "bench_engine_transformers_cb.ContinuousBatchingVsNative.track_ours_over_native",
+        "bench_engine_transformers_cb.ContinuousBatchingVsNative.track_native_ms_per_token",
+        lambda params, ratio, extra: (
+            f"target <=1.05x: {met(ratio, 1.05)} "
+            f"(native {extra[params_key(params)]:.2f} ms/token)"
+        ),
     ),
     (
         "10e. vLLM-CPU: anylogits / unprocessed sampling (no processor at all), per generated "

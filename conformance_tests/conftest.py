@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,15 @@ class Engines:
 
 
 @pytest.fixture(scope="session")
-def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    """Every backend's engine, by name (a backend's own module asks for its own)."""
-    return Engines(tiny_model_dir, tmp_path_factory)
+def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    """Every backend's engine, by name (a backend's own module asks for its own); those
+    that run threads of their own (continuous batching's managers) stopped at the end."""
+    loaded = Engines(tiny_model_dir, tmp_path_factory)
+    yield loaded
+    for engine in loaded.loaded.values():
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 @pytest.fixture

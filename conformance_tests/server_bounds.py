@@ -24,7 +24,7 @@ import pytest
 
 from anylogits import LogitBias, Vocabulary, to_specs
 from anylogits.core.vocab import hf_vocabulary
-from conformance_tests.servers import Server
+from conformance_tests.servers import Server, native_fields
 from test_support.byte_probes import BYTE_PROBES, forced_byte
 from test_support.generation_cases import COUNTING
 
@@ -34,13 +34,6 @@ MAX_TOKENS = 4
 # A bounded request on the tiny model takes well under a second; the unbounded one held
 # llama-cpp-python's server for tens of seconds.
 BOUNDED_S = 20.0
-# llama-cpp-python's server applies repeat_penalty 1.1 unless told (the others take no
-# such field; vLLM's logs each unknown one).
-NO_NATIVE_PENALTY = {"repeat_penalty": 1.0}
-
-
-def _native(server: Server) -> dict[str, Any]:
-    return dict(NO_NATIVE_PENALTY) if server.backend == "llama_cpp" else {}
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +44,9 @@ def served_vocabulary(hf_tokenizer: Any) -> Vocabulary:
 
 def _bias_request(forced: int, how: str, server: Server) -> dict[str, Any]:
     if how == "native_logit_bias":
-        return {"logit_bias": {str(forced): 100}, "extra_body": _native(server)}
+        return {"logit_bias": {str(forced): 100}, "extra_body": native_fields(server)}
     specs = json.dumps(to_specs([LogitBias({forced: 100.0})]))
-    return {"extra_body": {"vllm_xargs": {"anylogits": specs}, **_native(server)}}
+    return {"extra_body": {"vllm_xargs": {"anylogits": specs}, **native_fields(server)}}
 
 
 def _finish(client: Any, endpoint: str, stream: bool, **request: Any) -> tuple[str, int | None]:
@@ -118,7 +111,7 @@ def _request(client: Any, server: Server, **fields: Any) -> dict[str, Any]:
         "prompt": COUNTING,
         "max_tokens": MAX_TOKENS,
         "temperature": 0.0,
-        **_native(server),
+        **native_fields(server),
         **fields,
     }
 
@@ -145,6 +138,10 @@ def test_a_client_dropping_its_stream_leaves_the_server_whole(client: Any, serve
 OVERLONG_PROMPT = " ".join(str(number % 10) for number in range(3000))
 
 
+# Servers that check no context length: they may answer an overlong prompt.
+CONTEXT_UNCHECKED = ("mlx", "transformers", "transformers_cb")
+
+
 @pytest.mark.parametrize(
     "failing",
     [
@@ -164,8 +161,9 @@ def test_an_error_answer_leaves_the_connection_serving(
     try:
         refused = _post(connection, _request(client, server, **failing))
         body = refused.read()
-        # mlx-lm has no context length to exceed: it may answer the long prompt.
-        answerable = server.backend == "mlx" and "prompt" in failing
+        # mlx-lm and transformers' server check no context length: they may answer the
+        # long prompt.
+        answerable = server.backend in CONTEXT_UNCHECKED and "prompt" in failing
         if not (answerable and refused.status == 200):
             assert 400 <= refused.status < 600, (refused.status, body[:300])
             said = json.loads(body)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from conformance_tests.servers import Server, process_tree_rss
+from conformance_tests.servers import Server, native_fields, process_tree_rss
 from test_support.catalogue import PROCESSOR_SPECS, VOCABULARY_SPECS
 from test_support.generation_cases import COUNTING
 from test_support.hostile import BAD_PAYLOADS
@@ -135,7 +135,7 @@ def _wrong(request: Draw, answer: Any) -> str | None:
 
 def test_a_soak_of_random_specs_from_concurrent_clients(client: Any, server: Server) -> None:
     rng = random.Random(20261128)
-    native = {"repeat_penalty": 1.0} if server.backend == "llama_cpp" else {}
+    native = native_fields(server)
     requests = [draw(rng, index) for index in range(REQUESTS)]
     started = time.monotonic()
     wrong: list[str] = []

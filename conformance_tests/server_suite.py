@@ -44,13 +44,14 @@ from test_support.probes import RaiseAfter
 openai = pytest.importorskip("openai")
 
 CHAT_MESSAGES = [{"role": "user", "content": "Count with me: 1 2 3 4 5 6 7 8"}]
-# llama-cpp-python's server applies repeat_penalty 1.1 unless told: the in-process engines
-# (and transformers) run without one. mlx-lm's server ignores the field.
-NO_NATIVE_PENALTY = {"repeat_penalty": 1.0}
 
 
-def _extra_body(processors: tuple[LogitsProcessor, ...] | list[LogitsProcessor]) -> dict:
-    body: dict[str, Any] = {"return_token_ids": True, **NO_NATIVE_PENALTY}
+def _extra_body(
+    client: Any, processors: tuple[LogitsProcessor, ...] | list[LogitsProcessor]
+) -> dict:
+    """The request fields beyond OpenAI's: the token ids asked for, the client's server's
+    own fields (:func:`~conformance_tests.servers.client_of`) and the processors' specs."""
+    body: dict[str, Any] = {"return_token_ids": True, **client.native_fields}
     if processors:
         body["vllm_xargs"] = {"anylogits": json.dumps(to_specs(list(processors)))}
     return body
@@ -66,7 +67,7 @@ def complete(
             prompt=COUNTING,
             max_tokens=max_tokens,
             temperature=0.0,
-            extra_body=_extra_body(processors),
+            extra_body=_extra_body(client, processors),
         )
     except openai.APIConnectionError:
         server.check_alive()
@@ -82,7 +83,7 @@ def chat(client: Any, *processors: LogitsProcessor, **options: Any) -> tuple[lis
         messages=CHAT_MESSAGES,
         max_tokens=8,
         temperature=0.0,
-        extra_body=_extra_body(processors),
+        extra_body=_extra_body(client, processors),
         **options,
     )
     return list(response.model_extra["prompt_token_ids"]), response
@@ -150,9 +151,9 @@ def test_streamed_text_is_the_unstreamed_text(client: Any, endpoint: str) -> Non
     else:
         create, request = client.chat.completions.create, {"messages": CHAT_MESSAGES}
     common = {"model": client.served_model, "max_tokens": 8, "temperature": 0.0, **request}
-    unprocessed = create(**common, extra_body=_extra_body([]))
+    unprocessed = create(**common, extra_body=_extra_body(client, []))
     banned = sorted(set(unprocessed.choices[0].model_extra["token_ids"][:3]))
-    body = _extra_body([SuppressTokens(banned), NoRepeatNGram(1)])
+    body = _extra_body(client, [SuppressTokens(banned), NoRepeatNGram(1)])
     whole = create(**common, extra_body=body)
     assert not set(whole.choices[0].model_extra["token_ids"]) & set(banned)
     chunks = list(create(**common, extra_body=body, stream=True))
@@ -263,7 +264,7 @@ def test_a_request_naming_another_model_still_gets_its_processors_or_a_400(
             prompt=COUNTING,
             max_tokens=NEW_TOKENS,
             temperature=0.0,
-            extra_body=_extra_body([NoRepeatNGram(2)]),
+            extra_body=_extra_body(client, [NoRepeatNGram(2)]),
         )
     except openai.BadRequestError as error:
         assert "anylogits processors run on the served model only" in error.body["message"]
@@ -306,7 +307,7 @@ def test_real_model_extracts_the_person_through_the_server(
         messages=[{"role": "user", "content": JSON_PROMPT}],
         max_tokens=JSON_TOKENS,
         temperature=0.0,
-        extra_body=_extra_body([JSONSchema(PERSON)]),
+        extra_body=_extra_body(client, [JSONSchema(PERSON)]),
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(real_model_dir)
     assert response.model_extra["prompt_token_ids"] == chat_ids(tokenizer, JSON_PROMPT)

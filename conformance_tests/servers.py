@@ -34,9 +34,32 @@ from test_support import child_environment
 
 MODEL_NAME = "tiny"  # vLLM's served model name
 # What a request names as its model: mlx-lm's server calls the one given with --model this.
-MODEL_NAMES = {"vllm": MODEL_NAME, "llama_cpp": MODEL_NAME, "mlx": "default_model"}
+# transformers' server takes the model folder's path (None: the folder it serves).
+MODEL_NAMES: dict[str, str | None] = {
+    "vllm": MODEL_NAME,
+    "llama_cpp": MODEL_NAME,
+    "mlx": "default_model",
+    "transformers": None,
+    "transformers_cb": None,
+}
 # Answers 200 once the server serves (llama-cpp-python's has no /health).
-READY_PATHS = {"vllm": "/health", "llama_cpp": "/v1/models", "mlx": "/health"}
+READY_PATHS = {
+    "vllm": "/health",
+    "llama_cpp": "/v1/models",
+    "mlx": "/health",
+    "transformers": "/health",
+    "transformers_cb": "/health",
+}
+# The anylogits serve engine of each server backend (transformers' server runs both).
+SERVE_ENGINES = {"transformers_cb": "transformers"}
+# transformers' own server on its continuous-batching path, cache sized for the suite.
+CONTINUOUS_BATCHING = [
+    "--continuous-batching",
+    "--cb-num-blocks",
+    "64",
+    "--cb-max-batch-tokens",
+    "512",
+]
 SERVER_BACKENDS = tuple(MODEL_NAMES)
 STARTUP_TIMEOUT_S = 240.0
 REQUEST_TIMEOUT_S = 120.0
@@ -194,7 +217,32 @@ def _options(backend: str, model_dir: Path, folder: Path) -> list[str]:
         has_template = (model_dir / "chat_template.jinja").is_file()
         template = [] if has_template else ["--chat-template", CHAT_TEMPLATE]
         return ["--model", str(model_dir), *template]
+    if backend in ("transformers", "transformers_cb"):
+        batching = CONTINUOUS_BATCHING if backend == "transformers_cb" else []
+        served = with_chat_template(model_dir, folder)
+        return ["--model", str(served), "--dtype", "float32", "--device", "cpu", *batching]
     raise ValueError(f"no server for backend {backend!r}")
+
+
+def with_chat_template(model_dir: Path, folder: Path) -> Path:
+    """``model_dir``, or where it has no chat template (the tiny model; transformers' server
+    has no option for one), a folder of links to its files beside :data:`CHAT_TEMPLATE`."""
+    if (model_dir / "chat_template.jinja").is_file():
+        return model_dir
+    served = folder / "model"
+    served.mkdir()
+    for item in model_dir.iterdir():
+        (served / item.name).symlink_to(item)
+    (served / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return served
+
+
+def _served_model(backend: str, options: list[str]) -> str:
+    """What ``backend``'s requests name as their model."""
+    named = MODEL_NAMES[backend]
+    if named is not None:
+        return named
+    return options[options.index("--model") + 1]
 
 
 def start(backend: str, model_dir: Path, folder: Path, options: list[str] | None = None) -> Server:
@@ -204,7 +252,7 @@ def start(backend: str, model_dir: Path, folder: Path, options: list[str] | None
     port = _free_port()
     if options is None:
         options = _options(backend, model_dir, folder)
-    engine = backend.replace("_", "-")
+    engine = SERVE_ENGINES.get(backend, backend.replace("_", "-"))
     address = ["--host", "127.0.0.1", "--port", str(port)]
     command = [sys.executable, "-m", "anylogits", "serve", engine, *options, *address]
     env = child_environment(**SERVER_PLUGINS)
@@ -223,7 +271,8 @@ def start(backend: str, model_dir: Path, folder: Path, options: list[str] | None
             preexec_fn=dies_with_this_process(),
         )
     started = time.monotonic()
-    running = Server(process, f"http://127.0.0.1:{port}", log_path, backend, MODEL_NAMES[backend])
+    model = _served_model(backend, options)
+    running = Server(process, f"http://127.0.0.1:{port}", log_path, backend, model)
     try:
         while not _ready(running.base_url, READY_PATHS[backend]):
             running.check_alive()
@@ -307,7 +356,19 @@ def client_of(server: Server) -> Any:
         max_retries=0,
     )
     client.served_model = server.model  # what its requests name as their model
+    client.native_fields = native_fields(server)
     return client
+
+
+# llama-cpp-python's server applies repeat_penalty 1.1 unless told (the in-process engines,
+# transformers included, run without one); transformers' server answers an unknown field
+# with 422, the others ignore it (vLLM's logs it).
+NO_NATIVE_PENALTY = {"repeat_penalty": 1.0}
+
+
+def native_fields(server: Server) -> dict[str, Any]:
+    """The fields of ``server``'s own that every request of the suite sends."""
+    return dict(NO_NATIVE_PENALTY) if server.backend == "llama_cpp" else {}
 
 
 def check_spec_message(text: str) -> str:

@@ -87,7 +87,7 @@ def test_processors_see_the_cached_prompt_on_the_unbatched_path(
             max_tokens=NEW_TOKENS,
             temperature=0.0,
             seed=seed,
-            extra_body=_extra_body([RepetitionPenalty(1.3)]),
+            extra_body=_extra_body(client, [RepetitionPenalty(1.3)]),
         )
         cached = response.usage.prompt_tokens_details
         assert list(response.choices[0].model_extra["token_ids"]) == expected, (seed, cached)

@@ -61,7 +61,9 @@ ORDINARY_TOKENS = 32
 REFUSED_WITHIN_S = 2.0
 SLOWDOWN = 3.0  # the ordinary request's latency while a hostile one runs, at most x baseline
 ACCEPTED_WITHIN_S = 10.0  # an at-limit request's whole answer (8 tokens)
-ONE_AT_A_TIME = {"llama_cpp"}  # servers that generate for one request at a time
+# servers that generate for one request at a time (transformers' plain path: one generate
+# thread)
+ONE_AT_A_TIME = {"llama_cpp", "transformers"}
 FRONTEND_GROWTH_MB = 100  # the API server's resident memory over the whole suite, at most
 
 

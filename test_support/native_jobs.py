@@ -37,6 +37,8 @@ from test_support.generation_cases import EOS
 # scale last, inside the sampler.
 APPLICATION_ORDER: dict[str, tuple[str, ...]] = {
     "transformers": ("repetition_penalty", "temperature", "top_k", "top_p", "min_p"),
+    # continuous batching converts generate's warpers to per-request ones, in their order
+    "transformers_cb": ("repetition_penalty", "temperature", "top_k", "top_p", "min_p"),
     "vllm": ("repetition_penalty", "temperature", "min_p", "top_k", "top_p"),
     "mlx": ("repetition_penalty", "top_p", "min_p", "top_k", "temperature"),
     "llama_cpp": ("repetition_penalty", "top_k", "top_p", "min_p", "temperature"),

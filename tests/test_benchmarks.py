@@ -96,6 +96,17 @@ def test_engine_vs_native_transformers_runs() -> None:
     run(EngineVsNativeTransformers(), "track_ours_over_native", "tiny", "repetition")
 
 
+def test_continuous_batching_benchmark_runs() -> None:
+    pytest.importorskip("transformers")
+    from benchmarks.bench_engine_transformers_cb import ContinuousBatchingVsNative
+
+    benchmark = ContinuousBatchingVsNative()
+    try:
+        run(benchmark, "track_ours_over_native", "tiny", 8)
+    finally:
+        benchmark.teardown("tiny", 8)  # its managers' threads
+
+
 def test_engine_benchmarks_take_the_model_first() -> None:
     """Every end-to-end benchmark runs on the tiny and the real model (summary.py and
     the documentation's plot read the parameters in this order)."""

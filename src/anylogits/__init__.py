@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from anylogits.adapters.llama_cpp import for_llama_cpp
     from anylogits.adapters.mlx import for_mlx
     from anylogits.adapters.transformers import for_transformers
+    from anylogits.adapters.transformers_cb import for_continuous_batching
     from anylogits.adapters.vllm import for_vllm, vllm_processor_class
     from anylogits.core.batch import Batch
     from anylogits.core.pipeline import Pipeline
@@ -104,6 +105,7 @@ __all__ = [
     "Watermark",
     "WatermarkDetection",
     "detect_watermark",
+    "for_continuous_batching",
     "for_llama_cpp",
     "for_mlx",
     "for_transformers",
@@ -128,6 +130,7 @@ _MODULES = {
     "Vocabulary": "anylogits.core.vocab",
     "WatermarkDetection": "anylogits.processors.watermark_detection",
     "detect_watermark": "anylogits.processors.watermark_detection",
+    "for_continuous_batching": "anylogits.adapters.transformers_cb",
     "for_llama_cpp": "anylogits.adapters.llama_cpp",
     "for_mlx": "anylogits.adapters.mlx",
     "for_transformers": "anylogits.adapters.transformers",

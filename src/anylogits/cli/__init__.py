@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nargs="+",
         default=[],
         metavar="NAME",
-        help="the parts to delete, named as listed (e.g. models/smollm2-135m-instruct-v1), or all",
+        help="the parts to delete, named as listed (e.g. models/smollm2-135m-instruct-v2), or all",
     )
     args, rest = parser.parse_known_args(argv)
     if args.command == "tiny-model":

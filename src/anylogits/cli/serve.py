@@ -23,6 +23,7 @@ LLAMA_CPP_MALLOC_ARENAS = 2  # MALLOC_ARENA_MAX of llama-cpp-python's server, un
 HELP_FLAGS = ("-h", "--help")
 # What each engine's server is, and the option naming its model.
 SERVERS = {
+    "transformers": ("transformers' server", "--model model-folder [--continuous-batching]"),
     "llama-cpp": ("llama-cpp-python's server", "--model model.gguf"),
     "mlx": ("mlx-lm's server", "--model model-folder"),
     "vllm": ("vLLM's server", "--model model-folder"),
@@ -182,6 +183,8 @@ def serve(argv: Sequence[str]) -> int:
             # The child imports it again; here, a missing engine gets its install hint.
             if engine == "llama-cpp":
                 import anylogits.adapters.llama_cpp.server
+            elif engine == "transformers":
+                import anylogits.adapters.transformers_server
             else:
                 import anylogits.adapters.mlx.server  # noqa: F401
         except ImportError as error:
@@ -248,6 +251,10 @@ def _not_installed(engine: str, error: str) -> int:
 
     name = engine.replace("-", "_")  # the demo's name of the engine
     install, note = install_command(name), install_note(name)
+    if engine == "transformers":  # its server is an extra of transformers'
+        from anylogits.installation import pip_install
+
+        install = pip_install("transformers-serve")
     print(
         f"anylogits serve {engine}: {error}; install it with {install}"
         + (f" ({note})" if note else ""),

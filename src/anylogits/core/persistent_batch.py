@@ -97,6 +97,7 @@ class PersistentBatch:
         prompt_ids: Sequence[int] | None = None,
         prompt_length: int | None = None,
         output: OutputFeed | None = None,
+        pipeline: Pipeline | None = None,
     ) -> bool:
         """Put a request in ``slot`` (replacing whatever was there).
 
@@ -113,12 +114,17 @@ class PersistentBatch:
             prompt_length: the prompt length when ``prompt_ids`` is ``None``.
             output: where the request's generated tokens come from; ``None`` when
                 committed tokens are read per call.
+            pipeline: processors built in this process (objects, not specs) that the
+                request runs instead of ``specs``; every request given the same pipeline
+                is one group.
 
         Returns whether the request has processors (a failed one counts: it ends).
         """
         self._layout = None
         if failure is not None:
             group = self._groups.failed(failure)
+        elif pipeline is not None:
+            group = self._groups.given(pipeline)
         elif not specs:
             self._slots.pop(slot, None)
             return False

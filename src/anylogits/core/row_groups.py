@@ -71,6 +71,14 @@ class PipelineGroups:
             group = self._groups.put(key, PipelineGroup(key, pipeline, None))
         return group
 
+    def given(self, pipeline: Pipeline) -> PipelineGroup:
+        """The group of a pipeline built elsewhere (processor objects, no specs)."""
+        key = f"pipeline:{id(pipeline)}"
+        group = self._groups.get(key)
+        if group is None or group.pipeline is not pipeline:
+            group = self._groups.put(key, PipelineGroup(key, pipeline, None))
+        return group
+
     def failed(self, error: str) -> PipelineGroup:
         """A group that ends its requests' sequences, ``error`` logged."""
         logger.error("anylogits: %s; the request's sequence is ended", error)

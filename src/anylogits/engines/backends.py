@@ -161,21 +161,15 @@ class MlxBackend:
         return torch.from_dlpack(self.invoke(hook, self.native_arguments(token_ids, logits)))
 
 
-class _VllmHook:
-    """A vLLM processor instance, the specs every row's request carries, and which
-    request sits in which slot (so that successive calls become engine bookkeeping)."""
+class _RequestBook:
+    """Which request sits in which slot of an engine's batch, so that successive calls of
+    the conformance suite become the engine's request bookkeeping: a row that extends a
+    known request by one token continues it, any other row is a new request."""
 
-    def __init__(self, processor: Any, specs: list[dict[str, Any]]) -> None:
-        self.processor = processor
-        self.specs = specs
+    def __init__(self) -> None:
         self.slots: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (prompt, output)
         self.known: dict[tuple[int, ...], int] = {}  # every sequence seen -> prompt length
         self.last_token_ids: torch.Tensor | None = None
-
-    def params(self) -> Any:
-        from vllm import SamplingParams
-
-        return SamplingParams(extra_args={"anylogits": self.specs})
 
     def request_for(self, row: list[int]) -> tuple[list[int], list[int]]:
         """A new request for ``row``: resumed (prompt + outputs so far, as vLLM re-adds a
@@ -197,6 +191,65 @@ class _VllmHook:
         for row in rows:
             parents.append(free.pop(tuple(row[:-1]), None))
         return parents
+
+
+class _VllmHook(_RequestBook):
+    """A vLLM processor instance and the specs every row's request carries."""
+
+    def __init__(self, processor: Any, specs: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.processor = processor
+        self.specs = specs
+
+    def params(self) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(extra_args={"anylogits": self.specs})
+
+
+class _ContinuousBatchingRequests(_RequestBook):
+    """A :class:`~anylogits.adapters.transformers_cb.ContinuousBatchingHook` and the
+    transformers request states of its rows."""
+
+    def __init__(self, hook: Any) -> None:
+        super().__init__()
+        self.hook = hook
+        self.states: dict[int, Any] = {}
+        self.next_slot = 0
+        self.futures: list[Any] = []
+
+    def step(self, token_ids: torch.Tensor) -> list[Any]:
+        """The scheduled requests of a step whose rows are ``token_ids``, as transformers'
+        scheduler hands them over: one ``FutureRequestState`` per row that samples."""
+        from transformers.generation.continuous_batching.requests import (
+            FutureRequestState,
+            RequestState,
+            RequestStatus,
+        )
+
+        if self.last_token_ids is token_ids:
+            return self.futures
+        rows = token_ids.tolist()
+        parents = self.claim_parents(rows)
+        futures, used = [], set()
+        for row, slot in zip(rows, parents, strict=True):
+            if slot is None:
+                slot, self.next_slot = self.next_slot, self.next_slot + 1
+                prompt, output = self.slots[slot] = self.request_for(row)
+                state = RequestState(request_id=f"req_{slot}", initial_tokens=prompt)
+                state.generated_tokens = output  # the same list: the book appends to it
+                state.status = RequestStatus.DECODING
+                self.states[slot] = state
+            else:
+                self.slots[slot][1].append(row[-1])
+            used.add(slot)
+            futures.append(FutureRequestState(self.states[slot], True, {}, 1))
+        for slot in set(self.slots) - used:  # requests that ended
+            self.states.pop(slot).status = RequestStatus.FINISHED
+            del self.slots[slot]
+        self.remember()
+        self.last_token_ids, self.futures = token_ids, futures
+        return futures
 
 
 class VllmBackend:
@@ -304,9 +357,58 @@ class VllmBackend:
         return self.invoke(hook, self.native_arguments(token_ids, logits))
 
 
+class TransformersCBBackend:
+    """transformers' continuous batching: before each step its per-request processors get
+    the scheduled requests that sample a token (their states: id, prompt, generated
+    tokens), in row order, then ``processor(scores (B, V) float32, argument row)``. Rows
+    are requests, not sequences: successive calls of the suite become requests that
+    continue, start (a fork is a new request with the history so far) or finish."""
+
+    name = "transformers_cb"
+    module = "transformers"
+    preserves_logits = False  # the step samples from the processed scores only
+    max_batch = None
+    dtypes = (torch.float32,)  # the step casts logits to float32 before processors
+
+    def engine(self, model_dir: Path, scratch: Path) -> GenerationEngine:
+        """The tiny model (HF folder ``model_dir``) in transformers' continuous batching;
+        ``scratch``: unused."""
+        from anylogits.engines.continuous_batching import TransformersCBEngine
+
+        return TransformersCBEngine.load(model_dir)
+
+    def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
+        from anylogits.adapters.transformers_cb import ContinuousBatchingHook
+        from anylogits.core.pipeline import Pipeline
+
+        vocab = _vocabulary(tokenizer)
+        return _ContinuousBatchingRequests(
+            ContinuousBatchingHook(Pipeline(processors, vocab), vocab)
+        )
+
+    def native_arguments(self, token_ids: torch.Tensor, logits: torch.Tensor) -> tuple[Any, ...]:
+        """The step's scores (the rows' histories reach the hook as request states, see
+        :meth:`invoke`)."""
+        return token_ids, logits
+
+    def invoke(self, hook: _ContinuousBatchingRequests, arguments: tuple[Any, ...]) -> Any:
+        token_ids, logits = arguments
+        argument_row = hook.hook.prepare_tensor_args(hook.step(token_ids))
+        return hook.hook(logits, argument_row)
+
+    def call(self, hook: Any, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return self.invoke(hook, self.native_arguments(token_ids, logits))
+
+
 BACKENDS: dict[str, Any] = {
     backend.name: backend
-    for backend in (TransformersBackend(), LlamaCppBackend(), MlxBackend(), VllmBackend())
+    for backend in (
+        TransformersBackend(),
+        TransformersCBBackend(),
+        LlamaCppBackend(),
+        MlxBackend(),
+        VllmBackend(),
+    )
 }
 
 

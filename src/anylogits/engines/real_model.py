@@ -42,7 +42,7 @@ Q4_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Q4_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 F32_FILENAME = "model-f32.gguf"
 #: Bump when the folder's bytes would change (the writer, the metadata it keeps).
-REAL_BUILDER_VERSION = 1
+REAL_BUILDER_VERSION = 2
 _MARKER = "anylogits_real_model.json"
 
 Progress = Callable[[str], None]
@@ -234,7 +234,15 @@ def build_real_model(progress: Progress = _quiet) -> Path:
         # Readers written for transformers 4 (mlx-lm, some vLLM installs) look for a
         # top-level rope_theta and would silently fall back to 10000 without it.
         rope_theta = float(_field(reader, "llama.rope.freq_base"))
-        _rewrite_json(tmp / "config.json", {"rope_theta": rope_theta, "torch_dtype": "float32"})
+        # architectures: what transformers' server reads to choose the model class.
+        _rewrite_json(
+            tmp / "config.json",
+            {
+                "rope_theta": rope_theta,
+                "torch_dtype": "float32",
+                "architectures": ["LlamaForCausalLM"],
+            },
+        )
         GenerationConfig(
             bos_token_id=config.bos_token_id,
             eos_token_id=config.eos_token_id,

@@ -20,10 +20,16 @@ from anylogits import (
     RepetitionPenalty,
     StopStrings,
     SuppressTokens,
+    Temperature,
+    TopK,
+    TopP,
     Watermark,
     detect_watermark,
 )
 from anylogits.engines.native import CHAIN, Job, chain_processors_in_generate_order
+
+# The sampling parameters every engine has natively, in transformers' order of application.
+SAMPLING: Job = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
 from anylogits.installation import pip_install
 from anylogits.processors.structured.warm import llguidance_installed
 
@@ -151,6 +157,18 @@ def demo_cases(
             {"sequence_bias": {(eos,): 30.0}, "min_new_tokens": 5},
         ),
         Case(f"sampled, seed {SEED}: {names}", chain, dict(CHAIN), sample=True),
+        # What every engine samples with natively, transformers' continuous batching per
+        # request included.
+        Case(
+            f"sampled, seed {SEED}: Temperature TopK TopP",
+            lambda: [
+                Temperature(SAMPLING["temperature"]),
+                TopK(SAMPLING["top_k"]),
+                TopP(SAMPLING["top_p"]),
+            ],
+            dict(SAMPLING),
+            sample=True,
+        ),
         _stop_case(plain, text, tokenizer, trained),
         *_structured_cases(text, trained),
         _watermark_case(vocab_size, str(device)),

@@ -33,6 +33,7 @@ from anylogits.engines.generation import GenerationEngine, TransformersEngine
 # What loading each engine does, shown while it runs.
 _LOADING = {
     "transformers": "loading the {model} in transformers",
+    "transformers_cb": "loading the {model} in transformers' continuous batching",
     "llama_cpp": "loading the {model} in llama.cpp (its float32 GGUF form)",
     "mlx": "loading the {model} in mlx-lm",
     "vllm": "starting vLLM on the {model} (about 30 s on a CPU)",
@@ -217,6 +218,9 @@ def _run_engine(
         if hasattr(os, "getloadavg"):
             loads.append(os.getloadavg()[0])
     seconds = time.perf_counter() - start
+    close = getattr(engine, "close", None)  # continuous batching's managers run threads
+    if close is not None and engine is not reference:
+        close()
     print(f"{name}: {len(rows)} cases, done in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 

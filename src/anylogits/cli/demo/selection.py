@@ -16,7 +16,13 @@ ENGINES = list(BACKENDS)  # transformers, llama_cpp, mlx, vllm
 REFERENCE = "transformers"
 
 # pyproject.toml's extra of each engine.
-_EXTRAS = {"transformers": "transformers", "llama_cpp": "llama-cpp", "mlx": "mlx", "vllm": "vllm"}
+_EXTRAS = {
+    "transformers": "transformers",
+    "transformers_cb": "transformers",
+    "llama_cpp": "llama-cpp",
+    "mlx": "mlx",
+    "vllm": "vllm",
+}
 
 
 class DemoError(Exception):
