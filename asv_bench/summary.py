@@ -238,8 +238,7 @@ TABLES: list[tuple[str, str, str | None, Verdict | None]] = [
         "bench_engine_transformers_cb.ContinuousBatchingVsNative.track_ours_over_native",
         "bench_engine_transformers_cb.ContinuousBatchingVsNative.track_native_ms_per_token",
         lambda params, ratio, extra: (
-            f"target <=1.05x: {met(ratio, 1.05)} "
-            f"(native {extra[params_key(params)]:.2f} ms/token)"
+            f"target <=1.05x: {met(ratio, 1.05)} (native {extra[params_key(params)]:.2f} ms/token)"
         ),
     ),
     (

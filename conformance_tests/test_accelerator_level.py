@@ -6,7 +6,9 @@ blocking host->device copy and only the device reads pinned in
 transformers hands ``input_ids`` and ``scores`` on the model's device; rows are beams
 (reordered and forked every call) and assisted-decoding candidates (rolled back).
 vLLM's V1 runner hands device logits and keeps histories in host lists it reports
-through ``BatchUpdate``. llama.cpp and mlx-lm hand host arrays (numpy; MLX's unified
+through ``BatchUpdate``; transformers' continuous batching hands device scores and keeps
+histories in its request states on the host (its manager runs synchronously with the
+hook: no CUDA graph replays a step without it). llama.cpp and mlx-lm hand host arrays (numpy; MLX's unified
 memory): they have no torch device to copy to, so the level does not apply there.
 vLLM's V2 runner (device-resident histories) is driven in ``test_vllm_hook.py``.
 """
@@ -23,7 +25,7 @@ from test_support.device_budget import DEVICE_HISTORY, HOST_HISTORY, expected_de
 from test_support.emulated_device import EmulatedDevice, Transfers, host_values, on_device
 
 # Where each engine keeps the token history it hands its hook.
-LAYOUT = {"transformers": DEVICE_HISTORY, "vllm": HOST_HISTORY}
+LAYOUT = {"transformers": DEVICE_HISTORY, "vllm": HOST_HISTORY, "transformers_cb": HOST_HISTORY}
 BATCH = 3
 WARM_UP = 2  # calls before the counted ones: device constants are made once
 

@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument(
         "--backend",
-        choices=["transformers", "llama_cpp", "mlx", "vllm", "all"],
+        choices=["transformers", "transformers_cb", "llama_cpp", "mlx", "vllm", "all"],
         default=None,
         help="one engine, or all (the default): every installed one",
     )

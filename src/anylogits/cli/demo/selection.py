@@ -76,6 +76,8 @@ def demo_device(name: str) -> torch.device:
 
 # The server each engine serves per-request processors from (docs/serving.md).
 SERVE_COMMANDS = {
+    "transformers": "anylogits serve transformers --model model-folder",
+    "transformers_cb": "anylogits serve transformers --model model-folder --continuous-batching",
     "llama_cpp": "anylogits serve llama-cpp --model model.gguf",
     "mlx": "anylogits serve mlx --model model-folder",
     "vllm": "anylogits serve vllm --model model-folder",

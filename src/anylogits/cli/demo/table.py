@@ -15,6 +15,7 @@ AGREE = "all engines agree with transformers"
 # When transformers ran alone there was no other engine to agree.
 ONE_ENGINE = "anylogits agrees with transformers' own processors; no other engine ran to compare"
 
+NAME = 15  # the engine column: transformers_cb
 _SHOWN_IDS = 6
 _SHOWN_CHARACTERS = 60
 
@@ -22,16 +23,17 @@ LEGEND = """\
 tokens: "same" = the engine's tokens through anylogits are transformers' own, the
   reference (shown from the first token the job changes; it must change one, or agreeing
   would prove nothing: "NO EFFECT").
-  The sampled case is compared on transformers only: each engine draws from its own
-  random numbers, so across engines only its cost is shown. StopStrings is compared up
+  The sampled cases are compared on transformers only: each engine draws from its own
+  random numbers, so across engines only their cost is shown. StopStrings is compared up
   to the token that completes the stop (transformers stops there, anylogits forces the
   end of text next). JSONSchema and Regex have no transformers parameter: their
   reference is transformers through anylogits, and every engine's output must also
   parse (match); the watermark must be detected, and the text without it not.
 ms/token: a whole generation over its new tokens, the best of --rounds runs (3 by
   default; "-" with --rounds 0), anylogits processors against the engine's own
-  parameters for the same job: transformers generate() arguments;
-  llama.cpp Llama.generate (repeat_penalty over the last 64 tokens it generated, not
+  parameters for the same job: transformers generate() arguments; transformers_cb
+  (continuous batching) its per-request temperature, top_k and top_p (the rest of a
+  generation config it would apply to every request alike); llama.cpp Llama.generate (repeat_penalty over the last 64 tokens it generated, not
   the prompt; temp, top_k, top_p, min_p); mlx-lm make_logits_processors (repetition
   penalty over the last 20 tokens, logit_bias) and make_sampler; vLLM SamplingParams.
   SuppressTokens there is a logit_bias of -100. "no native": the engine has no parameter
@@ -144,7 +146,7 @@ def _row(engine: str, cell: Cell, reference: Reference, decode: Callable[[list[i
         cost = f"{'-':>9} {_ms(cell.native):>9}{noisy}"
     else:
         cost = f"{_ms(cell.ours):>9} {_ms(cell.native):>9} {_ratio(cell):>6}"
-    return f"  {engine:<13} {verdict:<13} {cost}{shown}"
+    return f"  {engine:<{NAME}} {verdict:<13} {cost}{shown}"
 
 
 def render(
@@ -161,8 +163,8 @@ def render(
     engine that could not run); ``chat``: the prompts are chat messages; ``warning``:
     what the timings are worth, when the machine was busy."""
     lines = [
-        f"  {'':<13} {'':<13} {'ms per new token':^26}",
-        f"  {'engine':<13} {'tokens':<13} {'anylogits':>9} {'native':>9} {'ratio':>6}",
+        f"  {'':<{NAME}} {'':<13} {'ms per new token':^26}",
+        f"  {'engine':<{NAME}} {'tokens':<13} {'anylogits':>9} {'native':>9} {'ratio':>6}",
     ]
     failures = 0
     for case, reference, cells in results:
@@ -176,13 +178,13 @@ def render(
         start = _shown_from(case, reference)
         effect = "  NO EFFECT: the same as without it" if reference.no_effect else ""
         failures += reference.no_effect
-        lines.append(f"  {'reference':<13} {_tokens(reference.tokens, start, decode)}{effect}")
+        lines.append(f"  {'reference':<{NAME}} {_tokens(reference.tokens, start, decode)}{effect}")
         if reference.outcome is not None:
-            lines.append(f"  {reference.outcome.label:<13} {reference.outcome.text}")
+            lines.append(f"  {reference.outcome.label:<{NAME}} {reference.outcome.text}")
             failures += not reference.outcome.ok
         for engine in engines:
             if engine in errors:
-                lines.append(f"  {engine:<13} {ERROR}")
+                lines.append(f"  {engine:<{NAME}} {ERROR}")
                 failures += 1
                 continue
             cell = cells[engine]
@@ -196,12 +198,12 @@ def render(
     if missing:
         lines += ["", "not installed here, each added by one command:"]
         for engine in missing:
-            lines.append(f"  {engine:<13} {install_command(engine)}")
+            lines.append(f"  {engine:<{NAME}} {install_command(engine)}")
             note = install_note(engine)
             if note is not None:
-                lines.append(f"  {'':<13} ({note})")
+                lines.append(f"  {'':<{NAME}} ({note})")
             if engine in SERVE_COMMANDS:
-                lines.append(f"  {'':<13} then its own server: {SERVE_COMMANDS[engine]}")
+                lines.append(f"  {'':<{NAME}} then its own server: {SERVE_COMMANDS[engine]}")
     if warning is not None:
         lines += ["", *textwrap.wrap(warning, 88)]
     lines.append("")
