@@ -8,8 +8,9 @@ transformers hands ``input_ids`` and ``scores`` on the model's device; rows are 
 vLLM's V1 runner hands device logits and keeps histories in host lists it reports
 through ``BatchUpdate``; transformers' continuous batching hands device scores and keeps
 histories in its request states on the host (its manager runs synchronously with the
-hook: no CUDA graph replays a step without it). llama.cpp and mlx-lm hand host arrays (numpy; MLX's unified
-memory): they have no torch device to copy to, so the level does not apply there.
+hook: no CUDA graph replays a step without it). llama.cpp and mlx-lm hand host arrays
+(numpy; MLX's unified memory): they have no torch device to copy to, so the level does
+not apply there.
 vLLM's V2 runner (device-resident histories) is driven in ``test_vllm_hook.py``.
 """
 

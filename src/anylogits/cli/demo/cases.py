@@ -27,11 +27,11 @@ from anylogits import (
     detect_watermark,
 )
 from anylogits.engines.native import CHAIN, Job, chain_processors_in_generate_order
+from anylogits.installation import pip_install
+from anylogits.processors.structured.warm import llguidance_installed
 
 # The sampling parameters every engine has natively, in transformers' order of application.
 SAMPLING: Job = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
-from anylogits.installation import pip_install
-from anylogits.processors.structured.warm import llguidance_installed
 
 SEED = 0  # of every sampled run
 

@@ -33,8 +33,9 @@ ms/token: a whole generation over its new tokens, the best of --rounds runs (3 b
   default; "-" with --rounds 0), anylogits processors against the engine's own
   parameters for the same job: transformers generate() arguments; transformers_cb
   (continuous batching) its per-request temperature, top_k and top_p (the rest of a
-  generation config it would apply to every request alike); llama.cpp Llama.generate (repeat_penalty over the last 64 tokens it generated, not
-  the prompt; temp, top_k, top_p, min_p); mlx-lm make_logits_processors (repetition
+  generation config it would apply to every request alike); llama.cpp Llama.generate
+  (repeat_penalty over the last 64 tokens it generated, not the prompt; temp, top_k,
+  top_p, min_p); mlx-lm make_logits_processors (repetition
   penalty over the last 20 tokens, logit_bias) and make_sampler; vLLM SamplingParams.
   SuppressTokens there is a logit_bias of -100. "no native": the engine has no parameter
   for that argument, or none the demo translates to (vLLM's stop and structured
