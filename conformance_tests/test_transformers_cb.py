@@ -310,8 +310,8 @@ def test_the_supported_range_is_the_extras_and_is_checked() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    low, high = SUPPORTED_TRANSFORMERS
-    assert f"transformers>={low},<{high}" in extras["transformers"]
+    (low_major, low_minor), (high_major, _) = SUPPORTED_TRANSFORMERS
+    assert f"transformers>={low_major}.{low_minor},<{high_major}" in extras["transformers"]
     check_transformers_version()  # the installed one
     for outside in ("5.10.0", "6.0.0"):
         with pytest.raises(RuntimeError, match=re.escape(f"transformers {outside} is installed")):

@@ -158,7 +158,7 @@ def test_serve_vllm_is_vllms_server_with_the_processor_class() -> None:
 def test_serve_names_the_engines_it_knows(argv: list[str]) -> None:
     result = anylogits_serve(*argv)
     assert result.returncode == 2, result
-    assert "the engine is one of llama-cpp, mlx, vllm" in result.stderr, result.stderr
+    assert "the engine is one of transformers, llama-cpp, mlx, vllm" in result.stderr, result.stderr
 
 
 def anylogits_serve(

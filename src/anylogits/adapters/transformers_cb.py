@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import weakref
 from typing import Any, ClassVar
 
 import torch
 import transformers
-from packaging.version import Version
 from transformers import LogitsProcessorList
 from transformers.generation.continuous_batching.cb_logits_processors import (
     ContinuousBatchingLogitsProcessor,
@@ -68,8 +68,21 @@ AROUND_KEY = "anylogits_around"
 the request's ``anylogits`` specs (``generate``'s order: its processors, a user's, its
 sampling warpers)."""
 
-SUPPORTED_TRANSFORMERS = (Version("5.20"), Version("6"))
+SUPPORTED_TRANSFORMERS = ((5, 20), (6, 0))
 """transformers releases whose continuous batching the hook is written for: [low, high)."""
+
+
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string (``5.24.0``, ``5.25.0.dev0``)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise RuntimeError(f"cannot read transformers' version {version!r}")
+    return int(match[1]), int(match[2])
+
+
+def _spelled(release: tuple[int, int]) -> str:
+    return f"{release[0]}.{release[1]}" if release[1] else str(release[0])
+
 
 SYNCHRONOUS = (
     "anylogits: continuous batching runs synchronously with anylogits processors (CUDA "
@@ -81,13 +94,14 @@ SYNCHRONOUS = (
 def check_transformers_version(version: str | None = None) -> None:
     """Raise ``RuntimeError`` unless transformers' continuous batching is a release the hook
     is written for (:data:`SUPPORTED_TRANSFORMERS`): its interface is young and moves."""
-    installed = Version(version or transformers.__version__)
+    installed = version or transformers.__version__
     low, high = SUPPORTED_TRANSFORMERS
-    if not low <= Version(installed.base_version) < high:
+    if not low <= _release(installed) < high:
+        wanted = f"transformers>={_spelled(low)},<{_spelled(high)}"
         raise RuntimeError(
-            f"anylogits runs in transformers' continuous batching of transformers >={low},"
-            f"<{high}; transformers {installed} is installed: pip install "
-            f"'transformers>={low},<{high}' (plain generate() works with for_transformers)"
+            f"anylogits runs in transformers' continuous batching of {wanted}; transformers "
+            f"{installed} is installed: pip install '{wanted}' (plain generate() works with "
+            "for_transformers)"
         )
 
 

@@ -158,6 +158,7 @@ def _admit(handler: Any, body: dict[str, Any], ours: dict[str, Any], request_id:
         ) from None
     tokenizer = getattr(processor, "tokenizer", processor)
     vocab = _vocabulary(model, tokenizer)
+    assert vocab is not None  # a served model has its tokenizer
     if "init_continuous_batching" not in vars(model):
         for_continuous_batching(model, tokenizer=tokenizer)
         prepare_structured_in_background(vocab)
@@ -313,18 +314,19 @@ def _init_cb(original: Any) -> Any:
             use_cache=False,
         )
         original(self, model, neutral)
-        add_request = self._cb.add_request
+        manager: Any = self._cb
+        add_request = manager.add_request
 
         @functools.wraps(add_request)
         def add_request_with_specs(*args: Any, **kwargs: Any) -> Any:
-            own, around = _CB_SPECS.pop(kwargs.get("request_id"), ([], {}))
+            own, around = _CB_SPECS.pop(str(kwargs.get("request_id")), ([], {}))
             if own:
                 kwargs[SPEC_KEY] = own
             if around:
                 kwargs[AROUND_KEY] = around
             return add_request(*args, **kwargs)
 
-        self._cb.add_request = add_request_with_specs
+        manager.add_request = add_request_with_specs
 
     return init_cb
 

@@ -96,7 +96,7 @@ class Managers:
 
 def results(manager: Any, request_ids: Sequence[str]) -> dict[str, Any]:
     """The finished outputs of ``request_ids`` (raises on a failed one)."""
-    wanted, finished = set(request_ids), {}
+    wanted, finished = set(request_ids), dict[str, Any]()
     while wanted - finished.keys():
         output = manager.get_result(timeout=RESULT_TIMEOUT_S)
         if output is None:
@@ -180,7 +180,9 @@ class TransformersCBEngine:
         self, processor: LogitsProcessor, prompts: list[str], sample: bool, n: int, seed: int
     ) -> list[Generated]:
         """Every prompt a request carrying the processor's spec, all in flight at once."""
-        requests = [(self.encode(text), (processor,), {}) for text in prompts]
+        requests: list[tuple[list[int], Sequence[LogitsProcessor], dict[str, Any]]] = [
+            (self.encode(text), (processor,), {}) for text in prompts
+        ]
         outputs = self.submit("sampled" if sample else "greedy", requests, n, seed)
         return [generated(ids, {self.tokenizer.eos_token_id}) for ids in outputs]
 
