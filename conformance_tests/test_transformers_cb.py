@@ -29,8 +29,10 @@ import torch
 
 from anylogits import (
     DRY,
+    Choice,
     JSONSchema,
     LogitBias,
+    MinNewTokens,
     NoRepeatNGram,
     PresencePenalty,
     RepetitionPenalty,
@@ -200,6 +202,48 @@ def test_a_re_prefilled_request_keeps_its_history(cb_engine: Any) -> None:
     restored.status = RequestStatus.DECODING
     restored.generated_tokens.append(11)
     assert penalized(restored) == [5, 9, 11]
+    assert len(hook) == 1
+
+
+def test_a_request_left_without_a_token_ends_and_the_manager_serves_on(cb_engine: Any) -> None:
+    """Conflicting constraints (one choice, then no end for five tokens) leave a row no
+    token: transformers' batch sampler would raise on it and stop the manager for every
+    request (the server's 503); the request ends instead."""
+    prompt = cb_engine.encode(COUNTING)
+    conflicting = [Choice(["1"]), MinNewTokens(5)]
+    ended = cb_engine.sampled(prompt, conflicting, NEW_TOKENS, 0)
+    eos = cb_engine.vocabulary.eos_token_ids
+    assert ended[-1] in eos and len(ended) <= 3, ended
+    assert cb_engine.managers["sampled"].is_running()
+    assert cb_engine.sampled(prompt, [TopK(5)], 4, 0) == cb_engine.sampled(prompt, [TopK(5)], 4, 0)
+
+
+def test_a_dropped_request_is_forgotten(cb_engine: Any) -> None:
+    """transformers drops a cancelled request's state: the hook lets go of it too."""
+    import gc
+
+    from transformers.generation.continuous_batching.requests import (
+        FutureRequestState,
+        RequestState,
+        RequestStatus,
+    )
+
+    from anylogits.adapters.transformers_cb import ContinuousBatchingHook
+
+    hook = ContinuousBatchingHook(None, cb_engine.vocabulary)
+    specs = {"anylogits": to_specs([TopK(1)])}
+    states = [
+        RequestState(request_id=name, initial_tokens=[1, 2], logit_processor_kwargs=specs)
+        for name in ("kept", "cancelled", "finished")
+    ]
+    for state in states:
+        state.status = RequestStatus.DECODING
+    hook.prepare_tensor_args([FutureRequestState(state, True, {}, 1) for state in states])
+    assert len(hook) == 3
+    states[2].status = RequestStatus.FINISHED
+    del states[1]
+    gc.collect()
+    hook.prepare_tensor_args([FutureRequestState(states[0], True, {}, 1)])
     assert len(hook) == 1
 
 

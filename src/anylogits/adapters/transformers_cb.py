@@ -109,20 +109,27 @@ class _RequestHistory:
     """A request's generated tokens as transformers' request state holds them (the
     :class:`~anylogits.core.slot_requests.OutputFeed` of its slot). A request transformers
     re-prefills (offloaded, then restored) gets a new state whose prompt holds its earlier
-    output: the true prompt length says where output starts."""
+    output: the true prompt length says where output starts. The state is held weakly:
+    once transformers drops it (finished, cancelled), the hook forgets the request."""
 
     __slots__ = ("read_count", "state")
 
     def __init__(self, state: Any) -> None:
-        self.state = state
+        self.state = weakref.ref(state)
         self.read_count = 0
 
     @staticmethod
     def prompt_length(state: Any) -> int:
         return state._true_initial_tokens or len(state.initial_tokens)
 
+    def ended(self) -> bool:
+        state = self.state()
+        return state is None or state.status >= RequestStatus.FINISHED
+
     def read(self) -> tuple[bool, list[int]]:
-        state = self.state
+        state = self.state()
+        if state is None:
+            return False, []
         prompt, initial = self.prompt_length(state), state.initial_tokens
         carried = len(initial) - prompt  # output moved into the prompt by a re-prefill
         total = carried + len(state.generated_tokens)
@@ -137,11 +144,10 @@ class _RequestHistory:
 
 
 class _Slot:
-    __slots__ = ("feed", "slot", "state")
+    __slots__ = ("feed", "slot")
 
     def __init__(self, slot: int, state: Any) -> None:
         self.slot = slot
-        self.state = weakref.ref(state)
         self.feed = _RequestHistory(state)
 
 
@@ -184,7 +190,7 @@ class ContinuousBatchingHook(ContinuousBatchingLogitsProcessor):
         for future in requests_with_new_token:
             state = future.state
             known = slots.get(state.request_id)
-            if known is None or known.state() is not state:
+            if known is None or known.feed.state() is not state:
                 known = self._admit(state, known)
             row_slots.append(known.slot)
         self._row_slots = row_slots
@@ -194,8 +200,7 @@ class ContinuousBatchingHook(ContinuousBatchingLogitsProcessor):
     def _admit(self, state: Any, known: _Slot | None) -> _Slot:
         if known is not None:
             # The same request in a new state (re-prefilled): its history goes on.
-            known.state = weakref.ref(state)
-            known.feed.state = state
+            known.feed.state = weakref.ref(state)
             return known
         slot = self._next_slot
         self._next_slot += 1
@@ -218,11 +223,7 @@ class ContinuousBatchingHook(ContinuousBatchingLogitsProcessor):
         return entry
 
     def _forget_ended(self) -> None:
-        ended = [
-            request_id
-            for request_id, entry in self._slots.items()
-            if (state := entry.state()) is None or state.status >= RequestStatus.FINISHED
-        ]
+        ended = [request_id for request_id, entry in self._slots.items() if entry.feed.ended()]
         for request_id in ended:
             slot = self._slots.pop(request_id).slot
             self._own.remove(slot)
