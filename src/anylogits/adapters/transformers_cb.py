@@ -68,7 +68,7 @@ AROUND_KEY = "anylogits_around"
 the request's ``anylogits`` specs (``generate``'s order: its processors, a user's, its
 sampling warpers)."""
 
-SUPPORTED_TRANSFORMERS = ((5, 20), (6, 0))
+SUPPORTED_TRANSFORMERS = ((5, 16), (6, 0))
 """transformers releases whose continuous batching the hook is written for: [low, high)."""
 
 
