@@ -9,12 +9,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from anylogits import LogitBias, PresencePenalty, RepetitionPenalty
+from anylogits import LogitBias, PresencePenalty, RepetitionPenalty, TopK, to_specs
+from anylogits.core.limits import Limits
 from anylogits.engines.generation import NEW_TOKENS, GenerationEngine, TransformersEngine
 from conformance_tests.server_suite import _extra_body
 from test_support.generation_cases import COUNTING
 
 __all__ = [
+    "test_a_request_at_the_processor_limit_may_still_carry_openai_fields",
     "test_frequency_penalty_is_transformers_repetition_penalty_per_request",
     "test_neighbours_sampling_fields_do_not_reach_a_greedy_request",
     "test_presence_penalty_and_logit_bias_reach_the_request",
@@ -81,3 +83,25 @@ def test_neighbours_sampling_fields_do_not_reach_a_greedy_request(
         outputs = [future.result() for future in futures]
     assert outputs[1] == outputs[4] == plain
     assert outputs[2] != plain
+
+
+def test_a_request_at_the_processor_limit_may_still_carry_openai_fields(
+    client: Any, counting: list[int], reference: TransformersEngine
+) -> None:
+    """The processors anylogits makes of a request's own fields (and, on continuous
+    batching, of its generation config) are not the client's specs: the limit on those
+    holds for what the client sent."""
+    limit = Limits().processors
+    own = [TopK(1000 + index) for index in range(limit)]
+    response = client.completions.create(
+        model=client.served_model,
+        prompt=COUNTING,
+        max_tokens=NEW_TOKENS,
+        temperature=0.0,
+        presence_penalty=2.0,
+        frequency_penalty=0.5,
+        extra_body={**_extra_body(client, []), "vllm_xargs": {"anylogits": to_specs(own)}},
+    )
+    tokens = list(response.choices[0].model_extra["token_ids"])
+    expected = [RepetitionPenalty(1.5), PresencePenalty(2.0), *own]
+    assert tokens == reference.greedy(counting, expected)

@@ -86,10 +86,11 @@ _numbers = itertools.count(1)
 
 @dataclasses.dataclass
 class ServedRequest:
-    """One admitted request: its specs (``vllm_xargs`` and the OpenAI fields anylogits
-    applies), its pipeline for the plain path, and its ids once generated."""
+    """One admitted request: its specs (``vllm_xargs``), those of the OpenAI fields anylogits
+    applies, its pipeline for the plain path (both), and its ids once generated."""
 
-    specs: list[dict[str, Any]]
+    specs: list[dict[str, Any]]  # the client's own (vllm_xargs), under the limits
+    fields: list[dict[str, Any]]  # its OpenAI fields that anylogits applies, run first
     pipeline: RequestPipeline | None
     return_token_ids: bool
     prompt_ids: list[int] | None = None
@@ -145,7 +146,7 @@ def config_specs(config: GenerationConfig, vocab_size: int) -> tuple[list[Any], 
 def _admit(handler: Any, body: dict[str, Any], ours: dict[str, Any], request_id: str) -> Any:
     """The request's :class:`ServedRequest`, or :class:`Refused`."""
     specs = request_specs({REQUEST_FIELD: ours[REQUEST_FIELD]} if REQUEST_FIELD in ours else {})
-    specs += openai_specs(body)
+    fields = openai_specs(body)
     try:
         _, model, processor = handler._resolve_model(dict(body))
     except HTTPException as refused:
@@ -163,15 +164,15 @@ def _admit(handler: Any, body: dict[str, Any], ours: dict[str, Any], request_id:
         for_continuous_batching(model, tokenizer=tokenizer)
         prepare_structured_in_background(vocab)
     pipeline = None
-    if specs:
+    if specs or fields:
         try:
-            processors = [from_spec(spec) for spec in specs]
+            processors = [from_spec(spec) for spec in [*fields, *specs]]
             pipeline = RequestPipeline(processors, vocab, request=f"request {request_id}")
         except Exception as error:  # whatever a client's spec raises is that client's 400
             raise Refused(
                 f"{SPEC_FIELD} cannot run on the served model: {type(error).__name__}: {error}"
             ) from None
-    return ServedRequest(specs, pipeline, ours.get(TOKEN_IDS_FIELD) is True)
+    return ServedRequest(specs, fields, pipeline, ours.get(TOKEN_IDS_FIELD) is True)
 
 
 def _handling(original: Any) -> Any:
@@ -261,7 +262,9 @@ def _batched(original: Any, streaming: bool) -> Any:
         request = REQUESTS.get(request_id)
         before, after = config_specs(gen_config, model.config.vocab_size)
         own = request.specs if request is not None else []
-        _CB_SPECS[request_id] = (own, {"before": to_specs(before), "after": to_specs(after)})
+        fields = request.fields if request is not None else []
+        around = {"before": [*to_specs(before), *fields], "after": to_specs(after)}
+        _CB_SPECS[request_id] = (own, around)
 
     if streaming:
 
