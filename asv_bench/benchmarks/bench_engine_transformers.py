@@ -2,7 +2,7 @@
 against ``generate`` with transformers' own parameters for the same sampling job.
 
 Models (:data:`common.MODELS`): ``tiny`` (random weights, the real 128k llama-bpe
-vocabulary, a nearly free forward) from :data:`PROMPT`; ``real`` (SmolLM2-135M-Instruct,
+vocabulary, a nearly free forward) from :data:`common.TINY_PROMPT`; ``real`` (SmolLM2-135M-Instruct,
 49,152 tokens, float32) from :data:`common.CHAT_MESSAGE` in its chat template. Each
 samples :data:`NEW_TOKENS` tokens from one prompt (and from a batch of :data:`BATCH`
 copies), EOS switched off so every call makes the same number of tokens. Ours:
@@ -27,7 +27,6 @@ from . import common
 NEW_TOKENS = 32
 BATCH = 8
 ROUNDS = 5
-PROMPT = "The quick brown fox jumps over the lazy dog because"
 
 
 class EngineVsNativeTransformers:
@@ -38,19 +37,9 @@ class EngineVsNativeTransformers:
     timeout = 900
 
     def setup(self, model: str, job: str) -> None:
-        try:
-            import transformers
-        except ImportError as error:
-            raise NotImplementedError(f"transformers is not installed: {error}") from None
-
-        folder = common.model_folder(model)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32
-        ).eval()
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        self.model, self.tokenizer, ids = common.transformers_model(model)
         # No EOS: every call generates exactly NEW_TOKENS tokens.
         self.model.generation_config.eos_token_id = None
-        ids = self.tokenizer.encode(PROMPT) if model == "tiny" else common.chat_ids(folder)
         self.prompt = torch.tensor([ids])
         self.job = job
 

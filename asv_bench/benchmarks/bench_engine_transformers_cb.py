@@ -23,7 +23,6 @@ from . import common
 NEW_TOKENS = 24
 ROUNDS = 3
 CONCURRENT = [8, 32]
-PROMPT = "The quick brown fox jumps over the lazy dog because"
 # Each request's own (temperature, top_k, top_p): three sets, round robin.
 PER_REQUEST = [(0.7, 40, 0.9), (1.0, 20, 0.95), (0.5, 50, 0.8)]
 
@@ -37,20 +36,11 @@ class ContinuousBatchingVsNative:
     timeout = 1800
 
     def setup(self, model: str, concurrent: int) -> None:
-        try:
-            import transformers
-            from transformers import ContinuousBatchingConfig, GenerationConfig
+        self.model, self.tokenizer, ids = common.transformers_model(model)
+        from transformers import ContinuousBatchingConfig, GenerationConfig
 
-            from anylogits.adapters.transformers_cb import for_continuous_batching
-        except ImportError as error:
-            raise NotImplementedError(f"transformers is not installed: {error}") from None
+        from anylogits.adapters.transformers_cb import for_continuous_batching
 
-        folder = common.model_folder(model)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32
-        ).eval()
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        ids = self.tokenizer.encode(PROMPT) if model == "tiny" else common.chat_ids(folder)
         self.prompt = ids
         self.concurrent = concurrent
         common_config = {"eos_token_id": -1, "max_new_tokens": NEW_TOKENS}  # EOS off

@@ -82,6 +82,26 @@ def model_folder(model: str) -> Path:
     raise ValueError(f"unknown model {model!r}: one of {MODELS}")
 
 
+# The tiny model's prompt in transformers' end-to-end benchmarks.
+TINY_PROMPT = "The quick brown fox jumps over the lazy dog because"
+
+
+def transformers_model(model: str) -> tuple[Any, Any, list[int]]:
+    """``(model, tokenizer, prompt ids)`` of an end-to-end benchmark's ``model`` in
+    transformers, float32: the tiny model's :data:`TINY_PROMPT`, the real model's
+    :data:`CHAT_MESSAGE` in its chat template. ``NotImplementedError`` (asv: skipped)
+    without transformers."""
+    from anylogits.engines.generation import TransformersEngine
+
+    folder = model_folder(model)
+    try:
+        engine = TransformersEngine.load(folder)
+    except ImportError as error:
+        raise NotImplementedError(f"transformers is not installed: {error}") from None
+    ids = engine.encode(TINY_PROMPT) if model == "tiny" else chat_ids(folder)
+    return engine.model, engine.tokenizer, ids
+
+
 def chat_ids(folder: Path, message: str = CHAT_MESSAGE) -> list[int]:
     """``message`` as a user's turn in the chat template of the model in ``folder``, ready
     for the assistant's answer (transformers' tokenizer: every engine gets the same ids)."""

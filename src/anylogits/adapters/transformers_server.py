@@ -47,7 +47,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import HTTPException
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.cli.serving import utils as serving
 from transformers.cli.serving.chat_completion import ChatCompletionHandler
@@ -93,6 +93,8 @@ class ServedRequest:
     fields: list[dict[str, Any]]  # its OpenAI fields that anylogits applies, run first
     pipeline: RequestPipeline | None
     return_token_ids: bool
+    # On continuous batching: its generation config's processors around its specs.
+    around: dict[str, list[dict[str, Any]]] | None = None
     prompt_ids: list[int] | None = None
     token_ids: list[int] | None = None
 
@@ -103,19 +105,17 @@ REQUESTS: dict[str, ServedRequest] = {}
 
 def openai_specs(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The specs of the OpenAI fields anylogits applies itself, taken out of ``body``."""
+    presence, bias = body.pop("presence_penalty", None), body.pop("logit_bias", None)
     processors: list[Any] = []
     try:
-        if body.get("presence_penalty") is not None:
-            processors.append(PresencePenalty(float(body.pop("presence_penalty"))))
-        if body.get("logit_bias") is not None:
-            bias = body.pop("logit_bias")
+        if presence is not None:
+            processors.append(PresencePenalty(float(presence)))
+        if bias is not None:
             if not isinstance(bias, dict):
                 raise ValueError(f"must be an object of token id -> bias, got {bias!r}")
             processors.append(LogitBias({int(key): float(value) for key, value in bias.items()}))
     except (TypeError, ValueError) as error:
         raise Refused(f"an OpenAI sampling field is not usable: {error}") from None
-    body.pop("presence_penalty", None)
-    body.pop("logit_bias", None)
     return to_specs(processors)
 
 
@@ -186,7 +186,7 @@ def _handling(original: Any) -> Any:
         except Refused as refusal:
             route = ROUTES.get(type(self), "a request")
             log_refusal(route, str(refusal), ours)
-            return JSONResponse(json.loads(error_body(str(refusal))), status_code=400)
+            return Response(error_body(str(refusal)), 400, media_type="application/json")
         REQUESTS[request_id] = request
         try:
             response = await original(self, body, request_id)
@@ -207,64 +207,15 @@ def _ids(values: Any) -> list[int]:
     return values.reshape(-1).tolist() if hasattr(values, "tolist") else list(values)
 
 
-def _plain(original: Any, streaming: bool) -> Any:
-    """``GenerateManager``'s generation, the request's pipeline its ``logits_processor``."""
+def _around_generation(original: Any, streaming: bool, prepare: Any) -> Any:
+    """A generation manager's ``generate_streaming`` / ``generate_non_streaming`` that
+    first calls ``prepare(request, model, inputs, gen_config)`` for the admitted request
+    (it returns the inputs to generate from); a whole answer's ids are noted for
+    ``return_token_ids``."""
 
-    def with_processors(inputs: dict[str, Any], request_id: str) -> dict[str, Any]:
+    def prepared(model: Any, inputs: Any, gen_config: Any, request_id: str) -> Any:
         request = REQUESTS.get(request_id)
-        if request is None or request.pipeline is None:
-            return inputs
-        hook = TransformersLogitsProcessor(request.pipeline)
-        return {**inputs, "logits_processor": LogitsProcessorList([hook])}
-
-    if streaming:
-
-        @functools.wraps(original)
-        def generate_streaming(
-            self: Any, model: Any, processor: Any, inputs: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            inputs = with_processors(
-                inputs, kwargs.get("request_id", args[1] if len(args) > 1 else "")
-            )
-            return original(self, model, processor, inputs, *args, **kwargs)
-
-        return generate_streaming
-
-    @functools.wraps(original)
-    async def generate_non_streaming(
-        self: Any, model: Any, processor: Any, inputs: Any, gen_config: Any, request_id: str
-    ) -> Any:
-        text, input_len, generated = await original(
-            self, model, processor, with_processors(inputs, request_id), gen_config, request_id
-        )
-        _note_ids(request_id, inputs["input_ids"], generated)
-        return text, input_len, generated
-
-    return generate_non_streaming
-
-
-def _note_ids(request_id: str, prompt: Any, generated: Any) -> None:
-    request = REQUESTS.get(request_id)
-    if request is not None:
-        request.prompt_ids, request.token_ids = _ids(prompt), _ids(generated)
-
-
-# Per request id, what its continuous-batching request carries (read by add_request): its
-# own specs (checked as a client's) and its generation config's processors around them.
-_CB_SPECS: dict[str, tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]] = {}
-
-
-def _batched(original: Any, streaming: bool) -> Any:
-    """``CBGenerateManager``'s generation, the request's specs given to ``add_request``:
-    its generation config's processors around its own."""
-
-    def note_specs(model: Any, gen_config: Any, request_id: str) -> None:
-        request = REQUESTS.get(request_id)
-        before, after = config_specs(gen_config, model.config.vocab_size)
-        own = request.specs if request is not None else []
-        fields = request.fields if request is not None else []
-        around = {"before": [*to_specs(before), *fields], "after": to_specs(after)}
-        _CB_SPECS[request_id] = (own, around)
+        return inputs if request is None else prepare(request, model, inputs, gen_config)
 
     if streaming:
 
@@ -279,7 +230,7 @@ def _batched(original: Any, streaming: bool) -> Any:
             *args: Any,
             **kwargs: Any,
         ) -> Any:
-            note_specs(model, gen_config, request_id)
+            inputs = prepared(model, inputs, gen_config, request_id)
             return original(self, model, processor, inputs, gen_config, request_id, *args, **kwargs)
 
         return generate_streaming
@@ -288,14 +239,33 @@ def _batched(original: Any, streaming: bool) -> Any:
     async def generate_non_streaming(
         self: Any, model: Any, processor: Any, inputs: Any, gen_config: Any, request_id: str
     ) -> Any:
-        note_specs(model, gen_config, request_id)
+        given = prepared(model, inputs, gen_config, request_id)
         text, input_len, generated = await original(
-            self, model, processor, inputs, gen_config, request_id
+            self, model, processor, given, gen_config, request_id
         )
-        _note_ids(request_id, inputs["input_ids"], generated)
+        request = REQUESTS.get(request_id)
+        if request is not None:
+            request.prompt_ids, request.token_ids = _ids(inputs["input_ids"]), _ids(generated)
         return text, input_len, generated
 
     return generate_non_streaming
+
+
+def _with_pipeline(request: ServedRequest, model: Any, inputs: Any, gen_config: Any) -> Any:
+    """The plain path (``model.generate``): the request's pipeline is its
+    ``logits_processor``."""
+    if request.pipeline is None:
+        return inputs
+    hook = TransformersLogitsProcessor(request.pipeline)
+    return {**inputs, "logits_processor": LogitsProcessorList([hook])}
+
+
+def _with_config_specs(request: ServedRequest, model: Any, inputs: Any, gen_config: Any) -> Any:
+    """The continuous-batching path: the request's generation config as processors around
+    its own (and its OpenAI fields'), which ``add_request`` hands on."""
+    before, after = config_specs(gen_config, model.config.vocab_size)
+    request.around = {"before": [*to_specs(before), *request.fields], "after": to_specs(after)}
+    return inputs
 
 
 def _init_cb(original: Any) -> Any:
@@ -322,11 +292,12 @@ def _init_cb(original: Any) -> Any:
 
         @functools.wraps(add_request)
         def add_request_with_specs(*args: Any, **kwargs: Any) -> Any:
-            own, around = _CB_SPECS.pop(str(kwargs.get("request_id")), ([], {}))
-            if own:
-                kwargs[SPEC_KEY] = own
-            if around:
-                kwargs[AROUND_KEY] = around
+            request = REQUESTS.get(str(kwargs.get("request_id")))
+            if request is not None:
+                if request.specs:
+                    kwargs[SPEC_KEY] = request.specs
+                if request.around:
+                    kwargs[AROUND_KEY] = request.around
             return add_request(*args, **kwargs)
 
         manager.add_request = add_request_with_specs
@@ -340,25 +311,13 @@ def wired() -> Iterator[None]:
     patches = [
         (CompletionHandler, "handle_request", _handling(CompletionHandler.handle_request)),
         (ChatCompletionHandler, "handle_request", _handling(ChatCompletionHandler.handle_request)),
-        (
-            serving.GenerateManager,
-            "generate_streaming",
-            _plain(serving.GenerateManager.generate_streaming, True),
-        ),
-        (
-            serving.GenerateManager,
-            "generate_non_streaming",
-            _plain(serving.GenerateManager.generate_non_streaming, False),
-        ),
-        (
-            serving.CBGenerateManager,
-            "generate_streaming",
-            _batched(serving.CBGenerateManager.generate_streaming, True),
-        ),
-        (
-            serving.CBGenerateManager,
-            "generate_non_streaming",
-            _batched(serving.CBGenerateManager.generate_non_streaming, False),
+        *(
+            (manager, name, _around_generation(getattr(manager, name), streaming, prepare))
+            for manager, prepare in (
+                (serving.GenerateManager, _with_pipeline),
+                (serving.CBGenerateManager, _with_config_specs),
+            )
+            for name, streaming in (("generate_streaming", True), ("generate_non_streaming", False))
         ),
         (serving.CBGenerateManager, "init_cb", _init_cb(serving.CBGenerateManager.init_cb)),
     ]

@@ -14,7 +14,7 @@ import torch
 
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import to_specs
-from anylogits.engines.generation import NEW_TOKENS, Generated, generated
+from anylogits.engines.generation import NEW_TOKENS, Generated, TransformersEngine, generated
 from anylogits.engines.native import Job, NoNative, samples
 
 # Enough for the suite's prompts and outputs (a page holds 256 tokens by default).
@@ -126,10 +126,9 @@ class TransformersCBEngine:
 
     @classmethod
     def load(cls, model_dir: Path) -> TransformersCBEngine:
-        import transformers
-
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        return cls(model.eval(), transformers.AutoTokenizer.from_pretrained(model_dir))
+        """The model as :meth:`TransformersEngine.load` loads it (float32)."""
+        loaded = TransformersEngine.load(model_dir)
+        return cls(loaded.model, loaded.tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
