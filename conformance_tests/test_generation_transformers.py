@@ -186,6 +186,42 @@ def test_output_logits_stay_raw_and_output_scores_are_each_steps_own(
         assert torch.equal(scores, pipeline(raw.clone(), history)), f"step {step}"
 
 
+def test_in_place_gives_the_same_tokens_and_edits_the_logits_generate_passes(
+    model: Any, tokenizer: Any
+) -> None:
+    # in_place=True: the hook masks the scores transformers passes (documented: the
+    # output_logits of generate then come back processed) and the tokens stay the same.
+    prompts = [COUNTING, "the cat the cat"]
+    processors = (RepetitionPenalty(1.3), NoRepeatNGram(3), SuppressTokens([16]))
+    runs = {}
+    for in_place in (False, True):
+        hook = for_transformers(*processors, in_place=in_place)
+        runs[in_place] = model.generate(
+            **tokenizer(prompts, return_tensors="pt", padding=True),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            temperature=1.0,
+            top_k=None,
+            top_p=1.0,
+            pad_token_id=tokenizer.pad_token_id,
+            logits_processor=LogitsProcessorList([hook]),
+            return_dict_in_generate=True,
+            output_logits=True,
+            output_scores=True,
+        )
+    plain = generate(model, tokenizer, prompts)
+    assert not torch.equal(runs[False].sequences[:, -NEW_TOKENS:], plain), (
+        "the processors changed nothing"
+    )
+    assert torch.equal(runs[True].sequences, runs[False].sequences)
+    for raw, scores in zip(runs[True].logits, runs[True].scores, strict=True):
+        assert raw.data_ptr() == scores.data_ptr()
+    for raw, scores in zip(runs[False].logits, runs[False].scores, strict=True):
+        assert raw.data_ptr() != scores.data_ptr()
+    with pytest.raises(ValueError, match="in_place must be a bool, got 'yes'"):
+        for_transformers(*processors, in_place="yes")  # type: ignore[arg-type]
+
+
 def min_new_tokens_runs(model: Any, tokenizer: Any, minimum: int) -> tuple[torch.Tensor, ...]:
     """Unprocessed, native and our tokens when a +30 EOS bias makes the model stop at once."""
     eos = tokenizer.eos_token_id

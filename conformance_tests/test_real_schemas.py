@@ -43,6 +43,7 @@ from anylogits.engines.real_model import chat_ids  # noqa: E402
 from anylogits.processors.structured import json_options  # noqa: E402
 from anylogits.processors.structured.engine import ENGINE  # noqa: E402
 from test_support.schema_corpus import RealSchema, load  # noqa: E402
+from test_support.schema_examples import NoExample, example, lenient_validator  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_backend("transformers")]
 
@@ -55,23 +56,6 @@ NEW_TOKENS = 128
 # The sample: (lenient, large) per slot. Strict slots draw from schemas that compile in
 # strict mode; lenient slots from those that compile in lenient mode only (what it adds).
 SLOTS = ((False, False), (False, False), (False, True), (True, False), (True, True), (True, True))
-# Keywords llguidance's lenient mode ignores (it refuses them in strict mode).
-IGNORED_WHEN_LENIENT = (
-    "uniqueItems",
-    "if",
-    "then",
-    "else",
-    "not",
-    "propertyNames",
-    "dependencies",
-    "dependentRequired",
-    "dependentSchemas",
-    "contains",
-    "minContains",
-    "maxContains",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-)
 
 
 class Verdict(NamedTuple):
@@ -205,129 +189,6 @@ def test_anylogits_accepts_exactly_the_schemas_llguidance_compiles(
 # with jsonschema, and must be accepted token by token by llguidance; a schema without
 # such an example is passed over when drawing.
 EXAMPLE_CHARS = 240
-OPTIONAL_KEYS = 2
-MAX_DEPTH = 4
-
-
-class _NoExample(Exception):
-    pass
-
-
-def _resolve(node: Any, root: dict) -> Any:
-    seen = 0
-    while isinstance(node, dict) and isinstance(node.get("$ref"), str):
-        ref = node["$ref"]
-        if not ref.startswith("#"):
-            raise _NoExample(ref)
-        target: Any = root
-        for part in filter(None, ref[1:].split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(target, dict) or part not in target:
-                raise _NoExample(ref)
-            target = target[part]
-        node, seen = target, seen + 1
-        if seen > 32:
-            raise _NoExample(ref)
-    return node
-
-
-def _scalar(node: Any, root: dict) -> bool:
-    node = _resolve(node, root)
-    if not isinstance(node, dict) or node.get("pattern") or node.get("format"):
-        return False
-    kind = node.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    return (
-        "enum" in node
-        or "const" in node
-        or any(k in ("string", "integer", "boolean") for k in kinds)
-    )
-
-
-def _example(node: Any, root: dict, depth: int = 0) -> Any:
-    """A small instance of ``node`` (raises ``_NoExample`` where none is obvious)."""
-    node = _resolve(node, root)
-    if node is True or node == {}:
-        return "example"
-    if not isinstance(node, dict) or depth > MAX_DEPTH:
-        raise _NoExample(node)
-    if "const" in node:
-        return node["const"]
-    if node.get("enum"):
-        return node["enum"][0]
-    for combinator in ("anyOf", "oneOf"):
-        if combinator in node:
-            rest = {key: value for key, value in node.items() if key != combinator}
-            for branch in node[combinator]:
-                try:
-                    return _example({**rest, **_resolve(branch, root)}, root, depth)
-                except _NoExample:
-                    continue
-            raise _NoExample(node)
-    if "allOf" in node:
-        merged = {k: v for k, v in node.items() if k != "allOf"}
-        for branch in node["allOf"]:
-            for key, value in _resolve(branch, root).items():
-                if key == "properties":
-                    merged["properties"] = {**merged.get("properties", {}), **value}
-                elif key == "required":
-                    merged["required"] = [*merged.get("required", []), *value]
-                else:
-                    merged.setdefault(key, value)
-        return _example(merged, root, depth)
-    kind = node.get("type")
-    kinds = [k for k in (kind if isinstance(kind, list) else [kind]) if k != "null"]
-    kind = (
-        kinds[0]
-        if kinds
-        else ("object" if "properties" in node else "array" if "items" in node else None)
-    )
-    if kind == "object":
-        required = node.get("required", [])
-        properties = node.get("properties", {})
-        if any(name not in properties for name in required):
-            raise _NoExample(node)
-        optional = [n for n, p in properties.items() if n not in required and _scalar(p, root)]
-        chosen = set(required) | set(optional[:OPTIONAL_KEYS])
-        # In the schema's order: llguidance lays properties out in that order.
-        found = {
-            name: _example(p, root, depth + 1) for name, p in properties.items() if name in chosen
-        }
-        # Shown "{}", the model fills it: one property (or map entry) at least.
-        for name, value in properties.items() if not found else ():
-            try:
-                return {name: _example(value, root, depth + 1)}
-            except _NoExample:
-                continue
-        extra = node.get("additionalProperties")
-        if not found and isinstance(extra, dict) and not properties:
-            return {"example": _example(extra, root, depth + 1)}
-        return found
-    if kind == "array":
-        # One item at least: shown "[]", the model fills the list.
-        count = max(node.get("minItems", 0), min(1, node.get("maxItems", 1)))
-        return [_example(node.get("items", {}), root, depth + 1) for _ in range(count)]
-    if kind == "string":
-        if node.get("pattern") or node.get("format"):
-            raise _NoExample(node)
-        return "example"[: node.get("maxLength", 7)].ljust(node.get("minLength", 0), "x")
-    if kind in ("integer", "number"):
-        return int(node.get("minimum", 0)) + (1 if "exclusiveMinimum" in node else 0)
-    if kind == "boolean":
-        return True
-    raise _NoExample(node)
-
-
-def _validator(schema: dict, lenient: bool) -> Any:
-    """jsonschema's validator of ``schema``; in lenient mode, of what llguidance enforces:
-    ``oneOf`` as ``anyOf`` (``coerce_one_of``), the keywords it ignores ignored."""
-    cls = jsonschema.validators.validator_for(schema)
-    if lenient:
-        ignored = {
-            key: (lambda validator, value, instance, node: None) for key in IGNORED_WHEN_LENIENT
-        }
-        cls = jsonschema.validators.extend(cls, {**ignored, "oneOf": cls.VALIDATORS["anyOf"]})
-    return cls(schema)
 
 
 class Case(NamedTuple):
@@ -360,11 +221,11 @@ def _draw(
             if schema.id in taken:
                 continue
             try:
-                instance = _example(schema.schema, schema.schema)
-            except (_NoExample, RecursionError):
+                instance = example(schema.schema, schema.schema)
+            except (NoExample, RecursionError):
                 continue
             text = json.dumps(instance)
-            valid = _validator(schema.schema, lenient).is_valid(instance)
+            valid = lenient_validator(schema.schema, lenient).is_valid(instance)
             if len(text) > EXAMPLE_CHARS or not valid:
                 continue
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
@@ -464,7 +325,7 @@ def test_masks_equal_llguidance_and_outputs_validate(
             finished += 1
             assert oracle.is_stopped()
             instance = json.loads(text)
-            errors = list(_validator(schema, case.lenient).iter_errors(instance))
+            errors = list(lenient_validator(schema, case.lenient).iter_errors(instance))
             assert not errors, f"{case.schema.id}: {text!r} is invalid: {errors[0].message}"
         report.append(f"{case.schema.id} ({case.schema.size} B, lenient={case.lenient}): {text!r}")
     print("\n".join(report))

@@ -270,7 +270,7 @@ OVERSIZED: dict[str, Case] = {
 }
 
 # Fields that are options, not sizes: any oversized value is simply not one of them.
-NOT_SIZES = {("watermark", "seeding_scheme"), ("grammar", "syntax")}
+NOT_SIZES = {("watermark", "seeding_scheme"), ("grammar", "syntax"), ("json_schema", "separators")}
 
 
 def alternatives_grammar(count: int) -> str:

@@ -73,3 +73,62 @@ def test_a_failed_request_ends_and_its_failure_is_logged(
     expected = torch.full((8,), float("-inf"))
     expected[7] = 0.0
     assert torch.equal(slots.process(torch.zeros(1, 8))[0], expected)
+
+
+def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests with different schemas (one group each) stack into one call: every row
+    gets the mask its own processor alone gives, from one fill of the batch."""
+    pytest.importorskip("llguidance")
+    from anylogits import JSONSchema, Regex
+    from anylogits.processors import structured
+    from anylogits.processors.structured.engine import _VocabularyTokenizer
+
+    pieces = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
+    vocab = Vocabulary(
+        tokens=(*(piece.encode() for piece in pieces), b"<eos>"),
+        eos_token_ids=frozenset({len(pieces)}),
+        special_token_ids=frozenset({len(pieces)}),
+    )
+
+    def schema(key: str, kind: str) -> JSONSchema:
+        return JSONSchema(
+            {"type": "object", "properties": {key: {"type": kind}}, "required": [key]}
+        )
+
+    requests = [
+        (schema("a", "integer"), '{"a": 12}'),
+        (schema("b", "string"), '{"b": "abc"}'),
+        (Regex("[0-9]{2}c"), "12c"),
+        (schema("c", "integer"), '{"c": 3}'),
+    ]
+    spell = _VocabularyTokenizer(vocab)
+    paths = [spell(text) for _, text in requests]
+    fills: list[int] = []
+    original_fill = structured.fill_bitmask
+    monkeypatch.setattr(
+        structured,
+        "fill_bitmask",
+        lambda engine, cursors, *rest: (
+            fills.append(len(cursors)),
+            original_fill(engine, cursors, *rest),
+        ),
+    )
+    slots = PersistentBatch(vocab)
+    feeds = [PushedTokens() for _ in requests]
+    for slot, ((processor, _), feed) in enumerate(zip(requests, feeds, strict=True)):
+        assert slots.put(slot, to_specs([processor]), prompt_ids=[0], output=feed)
+    oracles = [Pipeline([processor], vocab) for processor, _ in requests]
+    generator = torch.Generator().manual_seed(0)
+    for step in range(max(map(len, paths)) + 1):
+        logits = torch.randn(len(requests), vocab.size, generator=generator)
+        fills.clear()
+        out = slots.process(logits.clone())
+        # The three JSON schemas in one fill, the regex in its own.
+        assert sorted(fills) == [1, 3], fills
+        for row, (oracle, path) in enumerate(zip(oracles, paths, strict=True)):
+            history = torch.tensor([[0, *path[: min(step, len(path))]]])
+            alone = oracle(logits[row : row + 1].clone(), history)
+            assert torch.equal(out[row : row + 1], alone), (step, row)
+        for feed, path in zip(feeds, paths, strict=True):
+            if step < len(path):
+                feed.pending = [path[step]]

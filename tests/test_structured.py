@@ -188,6 +188,27 @@ def test_json_schema_masks_follow_a_valid_instance_and_end_with_eos() -> None:
     assert rows[-1] == {EOS}
 
 
+def test_json_schema_separators_lay_the_output_out_as_json_dumps_does() -> None:
+    # (",", ":"): the compact layout of vLLM's structured outputs without whitespace.
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    compact = JSONSchema(schema, separators=[",", ":"])
+    assert compact.separators == (",", ":")
+    assert from_spec({"type": "json_schema", **compact.config()}).separators == (",", ":")
+    opening = [IDS['{"'], IDS["a"], IDS['"']]
+    (after_key,) = allowed(compact, [opening])
+    assert after_key == {IDS[":"]}
+    (after_colon,) = allowed(compact, [[*opening, IDS[":"]]])
+    assert after_colon == {IDS[d] for d in "0123456789"} | {IDS["12"]}
+    (spaced,) = allowed(JSONSchema(schema), [[*opening, IDS[":"]]])
+    assert spaced == {IDS[" "]}
+
+
+@pytest.mark.parametrize("separators", [(",",), (";", ":"), (",\n", ":"), ",:", (", ", 1)])
+def test_json_schema_refuses_other_separators(separators: object) -> None:
+    with pytest.raises(ValueError, match="separators must be \\(item, key\\)"):
+        JSONSchema({"type": "object"}, separators=separators)  # type: ignore[arg-type]
+
+
 def test_ids_beyond_the_vocabulary_are_masked() -> None:
     (row,) = allowed(Choice(["c"]), [[]], width=EOS + 1 + 70)
     assert row == {IDS["c"]}

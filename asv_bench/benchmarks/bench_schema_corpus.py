@@ -1,14 +1,15 @@
-"""Issue 35: ``JSONSchema`` on real-world schemas, ours against llguidance called directly,
-on the real-schema level's corpus (``test_support.schema_corpus``: 862 Kubernetes kinds,
-26 SchemaStore schemas).
+"""Issues 35 and 50: ``JSONSchema`` on real-world schemas, ours against llguidance called
+directly, on the real-schema level's corpus (``test_support.schema_corpus``: 862
+Kubernetes kinds, 26 SchemaStore schemas), walking real instances.
 
 The sample: the :data:`LARGEST` largest schemas that compile (in lenient mode, as all
-here: ``oneOf`` approximated; ~240 KB of JSON each) and :data:`SAMPLE` - :data:`LARGEST`
-others drawn with :data:`SEED`, the same for both vocabularies (``vocab``): ``49k``, the
-real model's (SmolLM2-135M-Instruct, 49,152 tokens), and ``128k``, the tiny model's (the
-real llama-bpe vocabulary, 128,256 tokens). Three quantities (``measure``), each pooled
-over the sample and reported as p50 / p95 / p99, ours, llguidance's, their ratio and the
-quantiles of the paired ratios (each schema's, or each step's, ours over llguidance's):
+here: ``oneOf`` approximated; ~240 KB of JSON each) and have an example instance, and
+:data:`SAMPLE` - :data:`LARGEST` others drawn with :data:`SEED`, the same for both
+vocabularies (``vocab``): ``49k``, the real model's (SmolLM2-135M-Instruct, 49,152
+tokens), and ``128k``, the tiny model's (the real llama-bpe vocabulary, 128,256 tokens).
+Quantities (``measure``), each pooled over the sample and reported as p50 / p95 / p99,
+ours, llguidance's, their ratio and the quantiles of the paired ratios (each schema's, or
+each step's, ours over llguidance's):
 
 - ``first_mask``: from the schema to the first masked logits. Ours: ``JSONSchema(schema,
   lenient=True)``, ``for_transformers(..., tokenizer=...)`` (which compiles) and the hook's
@@ -17,23 +18,37 @@ quantiles of the paired ratios (each schema's, or each step's, ours over llguida
   ``LLMatcher`` with the same parser limits, ``fill_next_token_bitmask`` and
   ``apply_token_bitmask_inplace``. Each side's least of :data:`FIRST_MASK_REPEATS`
   tries, as ``timeit`` reports.
-- ``mask_b1``, ``mask_b32``: one decoding step along a token path, with 1 and 32 rows.
-  Each schema's path is :data:`PATH_TOKENS` tokens that llguidance allows, drawn at random
-  (seeded) among the allowed tokens other than the end of text: mostly free text inside
-  JSON strings, the dearest masks. Ours: the transformers hook fed the growing ``(B, L)``
-  history as ``generate`` feeds it (each row starting from its own prompt token, so rows
-  are distinct sequences; every call's mask must allow the path's next token, or the
-  comparison would be void). Direct: ``fill_next_token_bitmask`` (B=1) or
-  ``fill_next_token_bitmask_par`` (B=32), ``apply_token_bitmask_inplace`` and
-  ``consume_token`` per row. The first mask (the prompt's) is left out: ``first_mask``
-  measures it.
+- ``mask_b1``, ``mask_b32``, ``mask_b32_in_place``: one decoding step along a real
+  instance, with 1 and 32 rows. Each schema's path is the first :data:`PATH_TOKENS`
+  tokens of its example instance (``test_support.schema_examples``: required properties,
+  up to :data:`OPTIONAL_KEYS` optional scalar ones per object, one item per list; valid
+  under what lenient mode enforces), as the vocabulary's tokenizer writes its
+  ``json.dumps`` text (the grammar's layout), and accepted token by token by llguidance.
+  Ours: the transformers hook fed the growing ``(B, L)`` history as ``generate`` feeds it
+  (each row starting from its own prompt token, so rows are distinct sequences; every
+  call's mask must allow the path's next token, or the comparison would be void);
+  ``mask_b32`` keeps transformers' scores (the hook's default: the masked logits go to
+  another tensor), ``mask_b32_in_place`` masks them (``in_place=True``), as llguidance
+  does. Direct: ``fill_next_token_bitmask`` (B=1) or ``fill_next_token_bitmask_par``
+  (B=32), ``apply_token_bitmask_inplace`` and ``consume_token`` per row. The first mask
+  (the prompt's) is left out: ``first_mask`` measures it.
+- ``mask_b1_after_forward``: ``mask_b1`` with, before each step, a pass over
+  :data:`FORWARD_BYTES` of memory, what a model's forward does to the caches between two
+  masks in generation (back to back, as ``mask_b1``, every step finds the last one's data
+  and code in the caches).
+- ``requests_b32``: the serving case, 32 requests with a schema each (the 32 longest
+  example paths), walked together for as many steps as the shortest path has,
+  :data:`REQUEST_REPEATS` times. Ours: ``PersistentBatch``, what vLLM's and transformers'
+  continuous-batching adapters run, one request per slot and its tokens pushed as an
+  engine pushes them (the requests' grammars stack into one fill and one apply). Direct:
+  the 32 matchers filled at once (``fill_next_token_bitmask_par``), one apply,
+  ``consume_token`` per row.
 
 Llguidance direct runs with its own tokenizer from the Hugging Face one
 (``llguidance.hf.from_tokenizer``), as its users run it; ours with anylogits' vocabulary
-(``hf_vocabulary``), whose tokenizer callback llguidance calls for forced text (JSON
-keys), a cost of ours that the ratio shows. Both sides of each schema run one after the
-other, which goes first alternating, torch on one thread; ``setup_cache`` measures
-everything once (~1.5 minutes on 2 busy cores) and the ``track_*`` methods read it.
+(``hf_vocabulary``). Both sides of each schema run one after the other, which goes first
+alternating, torch on one thread; ``setup_cache`` measures everything once (~2 minutes
+on 2 busy cores) and the ``track_*`` methods read it.
 
 ``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table;
 ``... --one-row [VOCAB]`` only ``mask_b1``, each walk three times (:func:`one_row_walks`).
@@ -41,6 +56,7 @@ everything once (~1.5 minutes on 2 busy cores) and the ``track_*`` methods read 
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import sys
@@ -53,11 +69,46 @@ import torch
 from . import common  # one torch thread, as every benchmark
 
 VOCABS = ["49k", "128k"]
-MEASURES = ["first_mask", "mask_b1", "mask_b32"]
+MEASURES = [
+    "first_mask",
+    "mask_b1",
+    "mask_b1_after_forward",
+    "mask_b32",
+    "mask_b32_in_place",
+    "requests_b32",
+]
+# The walks: (measure, rows, the hook's in_place, a forward's memory pass between steps).
+WALKS = (
+    ("mask_b1", 1, False, False),
+    ("mask_b1_after_forward", 1, False, True),
+    ("mask_b32", 32, False, False),
+    ("mask_b32_in_place", 32, True, False),
+)
+# What a decoding step's forward pass does to the caches between two masks: a pass over
+# this many bytes (SmolLM2-135M's float32 weights are 540 MB; 32 MB already evicts a
+# 2-core machine's caches).
+FORWARD_BYTES = 32 << 20
+_FORWARD: list[torch.Tensor] = []
+
+
+def _forward_pass() -> None:
+    """Evict the caches as a model's forward would between two decoding steps."""
+    if not _FORWARD:
+        _FORWARD.append(torch.ones(FORWARD_BYTES // 4))
+    _FORWARD[0].mul_(1.0)
+
+
 QUANTILES = [50, 95, 99]
 SAMPLE = 40
 LARGEST = 8
 PATH_TOKENS = 64
+# ``requests_b32``: requests (one schema each) in one batch, and walks of them.
+REQUESTS = 32
+REQUEST_REPEATS = 6
+REQUEST_GRAMMAR_CHARS = 4 << 20
+# The example instances: optional scalar properties per object, nesting depth.
+OPTIONAL_KEYS = 4
+MAX_DEPTH = 5
 # Each side's first mask is the least of this many (the order alternating): one sample
 # of a 1 ms compile moved the ratio of the medians from 1.1 to 1.9 between idle runs.
 FIRST_MASK_REPEATS = 3
@@ -104,6 +155,8 @@ def sample_schemas() -> list[Any]:
     from test_support.schema_corpus import load
 
     def compiles(schema: Any) -> bool:
+        if example_text(schema.schema) is None:
+            return False
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema.schema, defaults=_options())
         return not llguidance.LLMatcher.validate_grammar(grammar)
 
@@ -160,27 +213,33 @@ class _Vocab:
             raise RuntimeError(f"the schema does not compile: {matcher.get_error()}")
         return matcher
 
-    def path(self, schema: dict, seed: int) -> list[int]:
-        """Up to :data:`PATH_TOKENS` tokens llguidance allows, drawn at random among the
-        allowed ones other than the end of text."""
-        import llguidance.torch
+    def path(self, schema: dict) -> list[int] | None:
+        """The first :data:`PATH_TOKENS` tokens of the schema's example instance
+        (:func:`example_text`) as the vocabulary's tokenizer writes them; ``None`` where
+        llguidance refuses them."""
+        text = example_text(schema)
+        if text is None:
+            return None
+        ids = self.hf.encode(text, add_special_tokens=False)[:PATH_TOKENS]
+        if self.matcher(schema).try_consume_tokens(ids) != len(ids):
+            return None
+        return ids
 
-        rng = random.Random(seed)
-        matcher = self.matcher(schema)
-        bitmask = llguidance.torch.allocate_token_bitmask(1, self.direct_tokenizer.vocab_size)
-        path: list[int] = []
-        while len(path) < PATH_TOKENS and not matcher.is_stopped():
-            llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
-            bits = (bitmask[0, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
-            allowed = torch.nonzero(bits.reshape(-1)[: self.size]).flatten().tolist()
-            allowed = [token for token in allowed if token not in self.eos]
-            if not allowed or matcher.is_error():
-                break
-            token = rng.choice(allowed)
-            if not matcher.consume_token(token):
-                break
-            path.append(token)
-        return path
+
+def example_text(schema: dict) -> str | None:
+    """A real instance of ``schema`` as JSON text laid out as the grammar lays it out
+    (``json.dumps``): required properties, up to :data:`OPTIONAL_KEYS` optional scalar
+    ones per object, one item per list (``test_support.schema_examples``), valid under
+    what lenient mode enforces; ``None`` where the schema has no such instance."""
+    from test_support.schema_examples import NoExample, example, lenient_validator
+
+    try:
+        instance = example(schema, schema, optional_keys=OPTIONAL_KEYS, max_depth=MAX_DEPTH)
+    except (NoExample, RecursionError):
+        return None
+    if not lenient_validator(schema, True).is_valid(instance):
+        return None
+    return json.dumps(instance)
 
 
 def _clear_compiled() -> None:
@@ -214,17 +273,26 @@ def _first_mask_direct(vocab: _Vocab, schema: dict) -> float:
     return time.perf_counter() - start
 
 
-def _walk_ours(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> list[float]:
+def _walk_ours(
+    vocab: _Vocab,
+    schema: dict,
+    path: list[int],
+    batch: int,
+    in_place: bool = False,
+    forward: bool = False,
+) -> list[float]:
     """Seconds per hook call along ``path``, the prompt's call left out."""
     from anylogits import JSONSchema, for_transformers
 
-    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf)
+    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf, in_place=in_place)
     ids = torch.arange(batch, dtype=torch.long)[:, None]  # a distinct prompt per row
     times = []
     for index in range(len(path) + 1):
         if index:
             ids = torch.cat([ids, torch.full((batch, 1), path[index - 1])], 1)
         logits = vocab.logits[batch].clone()
+        if forward:
+            _forward_pass()
         start = time.perf_counter()
         masked = hook(ids, logits)
         elapsed = time.perf_counter() - start
@@ -235,7 +303,9 @@ def _walk_ours(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> list
     return times
 
 
-def _walk_direct(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> list[float]:
+def _walk_direct(
+    vocab: _Vocab, schema: dict, path: list[int], batch: int, forward: bool = False
+) -> list[float]:
     """Seconds per fill + apply + consume along ``path``, the first mask left out."""
     import llguidance
     import llguidance.torch
@@ -248,6 +318,8 @@ def _walk_direct(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> li
     times = []
     for index in range(len(path) + 1):
         logits = vocab.logits[batch].clone()
+        if forward:
+            _forward_pass()
         start = time.perf_counter()
         if batch == 1:
             llguidance.torch.fill_next_token_bitmask(matchers[0], bitmask)
@@ -265,11 +337,85 @@ def _walk_direct(vocab: _Vocab, schema: dict, path: list[int], batch: int) -> li
     return times
 
 
+class _Feed:
+    """A request's generated tokens, pushed as an engine pushes them."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+
+    def read(self) -> tuple[bool, list[int]]:
+        tokens, self.pending = self.pending, []
+        return False, tokens
+
+
+def _requests_ours(vocab: _Vocab, walks: list[tuple[dict, list[int]]]) -> list[float]:
+    """Seconds per step of ``PersistentBatch`` (what vLLM's and transformers' continuous
+    batching adapters call) holding one request per walk, each with its own schema: the
+    per-request path, the prompt's call left out."""
+    from anylogits import JSONSchema, to_specs
+    from anylogits.core.limits import override
+    from anylogits.core.persistent_batch import PersistentBatch
+
+    batch = PersistentBatch(vocab.vocabulary)
+    feeds = [_Feed() for _ in walks]
+    # Kubernetes schemas reach 240 KB: an operator serving them raises this limit.
+    with override(grammar_chars=REQUEST_GRAMMAR_CHARS):
+        for slot, ((schema, _), feed) in enumerate(zip(walks, feeds, strict=True)):
+            specs = to_specs([JSONSchema(schema, lenient=True)])
+            if not batch.put(slot, specs, prompt_ids=[slot], output=feed):
+                raise RuntimeError("a request has no processors")
+    steps = min(len(path) for _, path in walks)
+    logits = vocab.logits[len(walks)]
+    times = []
+    for index in range(steps + 1):
+        if index:
+            for feed, (_, path) in zip(feeds, walks, strict=True):
+                feed.pending = [path[index - 1]]
+        rows = logits.clone()
+        start = time.perf_counter()
+        batch.process(rows)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+        if index < steps:
+            allowed = rows[torch.arange(len(walks)), [path[index] for _, path in walks]]
+            if not torch.isfinite(allowed).all():
+                raise RuntimeError(f"token {index} of a path was refused: not comparable")
+    return times
+
+
+def _requests_direct(vocab: _Vocab, walks: list[tuple[dict, list[int]]]) -> list[float]:
+    """llguidance's batch path for the same requests: every matcher filled at once
+    (``fill_next_token_bitmask_par``), one apply, ``consume_token`` per row."""
+    import llguidance
+    import llguidance.torch
+
+    matchers = [vocab.matcher(schema) for schema, _ in walks]
+    rows = [(matcher, row) for row, matcher in enumerate(matchers)]
+    executor = llguidance.LLExecutor()
+    bitmask = llguidance.torch.allocate_token_bitmask(len(walks), vocab.direct_tokenizer.vocab_size)
+    steps = min(len(path) for _, path in walks)
+    times = []
+    for index in range(steps + 1):
+        logits = vocab.logits[len(walks)].clone()
+        start = time.perf_counter()
+        llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
+        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        if index < steps:
+            for matcher, (_, path) in zip(matchers, walks, strict=True):
+                matcher.consume_token(path[index])
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+    return times
+
+
 def _warm_up(vocab: _Vocab) -> None:
     """Both sides' apply kernels (llguidance's and ours at B >= 2 are ``torch.compile``d)
     and lazily built state, on a small schema, untimed."""
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    path = vocab.path(schema, 0)
+    path = vocab.path(schema)
+    assert path is not None
     for batch in (1, 32):
         _walk_ours(vocab, schema, path, batch)
         _walk_direct(vocab, schema, path, batch)
@@ -308,13 +454,36 @@ def measure(
             ]
             found["first_mask"][0].append(min(ours for ours, _ in pairs))
             found["first_mask"][1].append(min(direct for _, direct in pairs))
-            path = vocab.path(schema, SEED + index)
-            for batch in (1, 32):
+            path = vocab.path(schema)
+            if path is None:  # this vocabulary's tokens of the example are refused
+                continue
+            for walk, batch, in_place, forward in WALKS:
                 ours_steps, direct_steps = _pair(
-                    _walk_ours, _walk_direct, swap, vocab, schema, path, batch
+                    lambda *args, in_place=in_place, forward=forward: _walk_ours(
+                        *args, in_place=in_place, forward=forward
+                    ),
+                    lambda *args, forward=forward: _walk_direct(*args, forward=forward),
+                    swap,
+                    vocab,
+                    schema,
+                    path,
+                    batch,
                 )
-                found[f"mask_b{batch}"][0].extend(ours_steps)
-                found[f"mask_b{batch}"][1].extend(direct_steps)
+                found[walk][0].extend(ours_steps)
+                found[walk][1].extend(direct_steps)
+        # Per request: the 32 schemas with the longest example paths, each its own
+        # request, walked together for as many steps as the shortest has.
+        walks = sorted(
+            ((s.schema, vocab.path(s.schema)) for s in schemas),
+            key=lambda walk: -len(walk[1] or ()),
+        )[:REQUESTS]
+        if len(walks) == REQUESTS and all(path for _, path in walks):
+            for repeat in range(REQUEST_REPEATS):
+                ours_steps, direct_steps = _pair(
+                    _requests_ours, _requests_direct, bool(repeat % 2), vocab, walks
+                )
+                found["requests_b32"][0].extend(ours_steps)
+                found["requests_b32"][1].extend(direct_steps)
         _clear_compiled()
         times[name] = found
         if progress is not None:
@@ -421,11 +590,12 @@ def one_row_walks(vocab: str = "49k", repeats: int = 3) -> tuple[list[float], li
     schemas = sample_schemas()
     found = _Vocab(vocab)
     _warm_up(found)
-    paths = [found.path(schema.schema, SEED + index) for index, schema in enumerate(schemas)]
+    walks = [(schema.schema, found.path(schema.schema)) for schema in schemas]
+    walks = [(schema, path) for schema, path in walks if path is not None]
     ours: list[float] = []
     direct: list[float] = []
-    for index in range(repeats * len(schemas)):
-        schema, path = schemas[index % len(schemas)].schema, paths[index % len(schemas)]
+    for index in range(repeats * len(walks)):
+        schema, path = walks[index % len(walks)]
         mine, theirs = _pair(_walk_ours, _walk_direct, bool(index % 2), found, schema, path, 1)
         ours.extend(mine)
         direct.extend(theirs)

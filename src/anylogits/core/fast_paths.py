@@ -67,10 +67,15 @@ class FastPaths(LogitsProcessor):
             descending order (truncations, which only set logits to ``-inf``, and
             temperature). Along a run of candidates that stay in descending order the
             pipeline calls :meth:`process_descending`.
+        stacks_states: ``True`` for a stateful class whose :meth:`stack` takes the rows'
+            states too: the stacked processor reads, as its own state of row ``i``, the
+            state ``processors[i]`` keeps for that row's request (grammars: one mask
+            fill and one apply for the rows of many requests).
     """
 
     row_local: bool = False
     keeps_order: bool = False
+    stacks_states: bool = False
 
     def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
         """:meth:`process` that leaves ``logits`` untouched and returns the result in ``out``.
@@ -146,6 +151,11 @@ def process_into(
     if isinstance(processor, FastPaths):
         return processor.process_into(logits, batch, out)
     return processor.process(out.copy_(logits), batch)
+
+
+def stacks_states(processor: LogitsProcessor) -> bool:
+    """:attr:`FastPaths.stacks_states` of ``processor`` (``False`` without fast paths)."""
+    return isinstance(processor, FastPaths) and processor.stacks_states
 
 
 def stack(kind: type[LogitsProcessor], processors: Sequence[Any]) -> LogitsProcessor | None:

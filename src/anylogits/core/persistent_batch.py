@@ -209,8 +209,10 @@ class PersistentBatch:
         """End the requests of a group whose processors raised, and log why.
 
         Their rows allow only EOS from now on (this step included); every other row is
-        left as it is. Rows stacked into one call (stateless processors of the same kinds,
-        different parameters) end together: the call cannot say which row failed.
+        left as it is. Rows stacked into one call (processors of the same kinds, different
+        parameters; grammars of different requests) end together: the call cannot say
+        which row failed. (A grammar raises only where llguidance itself fails: a spec
+        that exhausts its budget ends its own row without raising.)
         """
         self._layout = None
         failed = self._groups.failed(

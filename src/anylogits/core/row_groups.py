@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from anylogits.core.cache import LeastRecentlyUsed
-from anylogits.core.fast_paths import stack
+from anylogits.core.fast_paths import stack, stacks_states
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.slot_requests import PipelineGroup, SlotRequest
 from anylogits.core.specs import from_spec
@@ -86,14 +86,15 @@ class PipelineGroups:
 
     def stack_same_kinds(self, layout: list[RowGroup]) -> list[RowGroup]:
         """Merge groups that run the same kinds of processors with different parameters
-        into one group whose pipeline processes every row with its own parameters."""
+        into one group whose pipeline processes every row with its own parameters (and,
+        for stateful kinds that stack states, its own request's states)."""
         if len(layout) < 2:
             return layout
         by_kinds: dict[tuple[type, ...], list[RowGroup]] = {}
         merged_layout: list[RowGroup] = []  # failed or stateful groups stay as they are
         for row_group in layout:
             pipeline = row_group.group.pipeline
-            if pipeline is None or pipeline.tracker is not None:
+            if pipeline is None or not all(map(stacks_states, pipeline.stateful)):
                 merged_layout.append(row_group)
                 continue
             kinds = tuple(type(p) for p in pipeline.processors)

@@ -40,7 +40,16 @@ class PipelineGroup:
 class SlotRequest:
     """One request: its token buffer (prompt + committed output) and committed states."""
 
-    __slots__ = ("group", "length", "node", "output", "prompt_length", "tokens")
+    __slots__ = (
+        "_buffer",
+        "_unwritten",
+        "_written",
+        "group",
+        "length",
+        "node",
+        "output",
+        "prompt_length",
+    )
 
     def __init__(
         self,
@@ -51,7 +60,12 @@ class SlotRequest:
     ) -> None:
         self.group = group
         self.prompt_length = prompt_length
-        self.tokens = torch.empty(max(64, 2 * prompt_length), dtype=torch.int64)
+        self._buffer = torch.empty(max(64, 2 * prompt_length), dtype=torch.int64)
+        # The buffer holds the first `_written` tokens; the rest, `_unwritten`, are
+        # written when the buffer is read (a history): a tensor write per token and row
+        # was a third of a step of 32 structured requests, which never read it.
+        self._written = 0
+        self._unwritten: list[int] = []
         self.length = 0
         if prompt_ids is not None:
             self.append(list(prompt_ids))
@@ -59,13 +73,34 @@ class SlotRequest:
         self.node: SequenceNode | None = None
 
     def append(self, token_ids: list[int]) -> None:
-        end = self.length + len(token_ids)
-        if end > self.tokens.shape[0]:
-            grown = torch.empty(max(2 * self.tokens.shape[0], end), dtype=torch.int64)
-            grown[: self.length] = self.tokens[: self.length]
-            self.tokens = grown
-        self.tokens[self.length : end] = torch.tensor(token_ids, dtype=torch.int64)
-        self.length = end
+        self._unwritten.extend(token_ids)
+        self.length += len(token_ids)
+        if len(self._unwritten) >= _UNWRITTEN:
+            self._write()
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The token buffer: prompt and committed output in ``tokens[:length]``."""
+        if self._unwritten:
+            self._write()
+        return self._buffer
+
+    def _write(self) -> None:
+        end = self.length
+        if end > self._buffer.shape[0]:
+            grown = torch.empty(max(2 * self._buffer.shape[0], end), dtype=torch.int64)
+            grown[: self._written] = self._buffer[: self._written]
+            self._buffer = grown
+        self._buffer[self._written : end] = torch.tensor(self._unwritten, dtype=torch.int64)
+        self._written, self._unwritten = end, []
+
+    def _truncate(self, length: int) -> None:
+        """Drop the tokens after the first ``length``."""
+        if length < self._written:
+            self._written, self._unwritten = length, []
+        else:
+            del self._unwritten[length - self._written :]
+        self.length = length
 
     def read_output(self) -> None:
         """Take in the tokens the engine generated since the last read."""
@@ -73,7 +108,7 @@ class SlotRequest:
             return
         restart, tokens = self.output.read()
         if restart:
-            self.length = self.prompt_length
+            self._truncate(self.prompt_length)
             self.node = None
         if tokens:
             self.append(tokens)
@@ -85,10 +120,19 @@ class SlotRequest:
         node = self.node
         if node is None:
             node = root_node(processors, self.tokens[: self.prompt_length])
-        for token_id in self.tokens[node.length : self.length].tolist():
-            node = child_node(processors, node, token_id)
+        if node.length < self.length:
+            if node.length >= self._written:
+                new = self._unwritten[node.length - self._written :]
+            else:
+                new = self.tokens[node.length : self.length].tolist()
+            for token_id in new:
+                node = child_node(processors, node, token_id)
         self.node = node
         return node
+
+
+# Tokens kept unwritten at most (then written in one tensor).
+_UNWRITTEN = 256
 
 
 def read_committed(

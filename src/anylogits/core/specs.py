@@ -67,7 +67,7 @@ def check_json_value(value: Any, where: str) -> None:
         elif isinstance(item, (list, tuple)):
             children = enumerate(item)
         else:
-            _check_scalar(item, where, link)
+            check_json_scalar(item, where, link)
             continue
         if depth >= depth_limit:
             raise ValueError(
@@ -83,7 +83,8 @@ def check_json_value(value: Any, where: str) -> None:
             pending.append((child, (link, key), depth + 1))
 
 
-def _check_scalar(item: Any, where: str, link: PathLink) -> None:
+def check_json_scalar(item: Any, where: str, link: PathLink) -> None:
+    """Raise ``ValueError`` unless ``item`` (at ``link`` in ``where``) is a JSON scalar."""
     if isinstance(item, _SCALARS):
         return
     if isinstance(item, float):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -35,8 +35,7 @@ from anylogits.core.limits import (
     check_request_size,
     from_request,
 )
-from anylogits.core.processor import StatefulLogitsProcessor
-from anylogits.core.specs import check_json_value
+from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.bounds.counts import check_lark, check_regex, check_schema
 from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_lexing
@@ -104,15 +103,34 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
             message = f"{type(self).__name__}: {self._what} does not compile: {error}"
             raise ValueError(message) from None
 
+    stacks_states = True
+
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
         self._bitmask = ReusedBitmask(0, 0)
         if vocab is not None:
             with self._compile_errors():  # compiled now: errors before generation
                 ENGINE.compile(self.grammar, vocab)
-            words = (ENGINE.vocab_size(vocab) + 31) // 32
-            self._bitmask = ReusedBitmask(0, words)
-            self._ended_row = _ended_row(vocab.eos_token_ids, words)
+            self._bind_bitmask(vocab)
+
+    def _bind_bitmask(self, vocab: Vocabulary) -> None:
+        words = (ENGINE.vocab_size(vocab) + 31) // 32
+        # One row, the first call's (a request's, or a batch's of one): made now, not
+        # in the first mask's time.
+        self._bitmask = ReusedBitmask(1, words)
+        self._ended_row = _ended_row(vocab.eos_token_ids, words)
+
+    @classmethod
+    def stack(cls, processors: Sequence[Any]) -> LogitsProcessor | None:
+        """The rows of many requests' grammars, of one vocabulary, in one call: each
+        row's state is its own request's cursor, so one :class:`_StackedGrammars` fills
+        every row's mask at once (llguidance's threads, without the GIL) and applies
+        them in one pass, where each request's processor would fill and apply its rows
+        apart."""
+        vocab = processors[0].vocab
+        if vocab is None or any(processor.vocab is not vocab for processor in processors):
+            return None
+        return _StackedGrammars()
 
     def _vocab(self) -> Vocabulary:
         if self.vocab is None:
@@ -155,6 +173,32 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         return bitmask
 
 
+class _StackedGrammars(_Grammar):
+    """Grammar processors of several requests stacked into one (:meth:`_Grammar.stack`):
+    it reads, as its own state of each row, that row's request's cursor. It owns no
+    grammar and starts no sequence (each request's own processor does both); internal,
+    it has no spec."""
+
+    def __init__(self) -> None:
+        self._what = "the stacked grammars"
+
+    @property
+    def grammar(self) -> str:
+        raise TypeError("stacked grammars have no grammar of their own")
+
+    def bind(self, vocab: Vocabulary | None) -> None:
+        StatefulLogitsProcessor.bind(self, vocab)
+        self._bitmask = ReusedBitmask(0, 0)
+        if vocab is not None:
+            self._bind_bitmask(vocab)
+
+    def init_state(self, prompt_ids: torch.Tensor) -> GrammarCursor:
+        raise TypeError("stacked grammars read their requests' states; they start none")
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+
 class Regex(_Grammar):
     """Generated text matches ``pattern`` in full (Rust ``regex`` syntax, anchored).
 
@@ -186,12 +230,20 @@ class Regex(_Grammar):
         return {"pattern": self.pattern}
 
 
-def json_options(flexible_whitespace: bool = False, lenient: bool = False) -> dict[str, Any]:
+#: ``json.dumps``' default layout, :class:`JSONSchema`'s default.
+DEFAULT_SEPARATORS = (", ", ": ")
+
+
+def json_options(
+    flexible_whitespace: bool = False,
+    lenient: bool = False,
+    separators: tuple[str, str] = DEFAULT_SEPARATORS,
+) -> dict[str, Any]:
     """llguidance's JSON compile options for :class:`JSONSchema`'s arguments (the same
     options compile the same grammar in llguidance alone)."""
     options: dict[str, Any] = {"whitespace_flexible": flexible_whitespace}
     if not flexible_whitespace:
-        options.update(item_separator=", ", key_separator=": ")
+        options.update(item_separator=separators[0], key_separator=separators[1])
     if lenient:
         options.update(coerce_one_of=True, lenient=True)
     return options
@@ -205,6 +257,10 @@ class JSONSchema(_Grammar):
         flexible_whitespace: allow any JSON whitespace between tokens; by default the
             output is laid out like ``json.dumps`` (``", "`` and ``": "``), which keeps a
             model from spending its tokens on whitespace.
+        separators: the item and key separators when whitespace is not flexible, as
+            ``json.dumps`` takes them: ``(",", ":")`` is the compact layout of vLLM's
+            and llguidance's structured outputs without whitespace (the same request
+            then gives the same tokens there).
         lenient: compile what the engine can approximate instead of refusing it:
             ``oneOf`` as ``anyOf``, and keywords it does not implement (``uniqueItems``,
             ``if``/``then``, ``not``, unknown formats, ...) ignored. One Kubernetes
@@ -227,6 +283,7 @@ class JSONSchema(_Grammar):
         schema: dict[str, Any] | str | type,
         flexible_whitespace: bool = False,
         lenient: bool = False,
+        separators: tuple[str, str] | list[str] = DEFAULT_SEPARATORS,
     ) -> None:
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()
@@ -242,22 +299,23 @@ class JSONSchema(_Grammar):
             raise ValueError(
                 f"schema must be a dict, its JSON text or a pydantic model class, got {schema!r}"
             )
-        check_json_value(schema, "schema")
+        check_schema(schema)  # plain JSON, and every count in it bounded
         if from_request():  # its JSON text is measured for a request's limit only
             check_request_size("schema", len(json.dumps(schema)), "grammar_chars", "bytes of JSON")
-        check_schema(schema)
         for name, value in (("flexible_whitespace", flexible_whitespace), ("lenient", lenient)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool, got {value!r}")
         self.schema = schema
         self.flexible_whitespace = flexible_whitespace
         self.lenient = lenient
+        self.separators = _checked_separators(separators)
         self._set_grammar(self._json_grammar, "the JSON schema")
 
     def _json_grammar(self) -> str:
         try:
             return load_llguidance().LLMatcher.grammar_from_json_schema(
-                self.schema, defaults=json_options(self.flexible_whitespace, self.lenient)
+                self.schema,
+                defaults=json_options(self.flexible_whitespace, self.lenient, self.separators),
             )
         except ValueError as error:
             raise ValueError(f"JSONSchema: schema is not usable: {error}") from None
@@ -267,7 +325,24 @@ class JSONSchema(_Grammar):
             "schema": self.schema,
             "flexible_whitespace": self.flexible_whitespace,
             "lenient": self.lenient,
+            "separators": list(self.separators),
         }
+
+
+def _checked_separators(separators: Any) -> tuple[str, str]:
+    """``separators`` as ``(item, key)``: ``","`` and ``":"``, each with at most a few
+    spaces around it (what JSON allows between tokens and a layout needs)."""
+    if (
+        isinstance(separators, (list, tuple))
+        and len(separators) == 2
+        and all(isinstance(part, str) and len(part) <= 4 for part in separators)
+        and [part.strip(" ") for part in separators] == [",", ":"]
+    ):
+        return (separators[0], separators[1])
+    raise ValueError(
+        f"separators must be (item, key) like json.dumps' (', ', ': ') or (',', ':'): "
+        f"',' and ':' with at most a few spaces around them, got {separators!r}"
+    )
 
 
 class Choice(_Grammar):

@@ -87,12 +87,7 @@ def apply_bitmask(
     # One row: the eager lookup is faster in a generation loop (measured at V=128k on
     # CPU: 160 against 200 us per token; a compiled call's guards run on cold caches).
     fused = COMPILE and logits.shape[0] > 1
-    if fused and out is not None:
-        # A copy, then the in-place kernel: at B=32 this is 1.3 ms (49k tokens) where
-        # one fused kernel reading `logits` and writing `out` took 1.8 ms (inductor's
-        # out-of-place masked write vectorizes worse than its in-place one).
-        return apply_bitmask(out.copy_(logits), bitmask)
-    # The fused kernel reads the bitmask where the logits are (filled on the host: one
+    # The fused kernels read the bitmask where the logits are (filled on the host: one
     # copy that does not block it); the eager path reads it on the host.
     placed = to_device(packed, logits.device) if fused else packed
     result = logits if out is None else out
@@ -101,8 +96,18 @@ def apply_bitmask(
     if logits.shape[1] > covered:
         result[:, covered:] = float("-inf")
         source, target = logits[:, :covered], result[:, :covered]
-    if not (fused and out is None and _apply_compiled(_mask_by_bits, source, placed)):
-        _apply_eager(source, packed, target, reused)
+    if fused:
+        # Into `out`: one pass reading `logits` and writing `out` (B=32, V=49k on CPU:
+        # 0.59 ms, against 0.82 ms for a copy and then the in-place kernel, and 1.0 ms
+        # eager); in place, 0.32 ms.
+        kernel, arguments = (
+            (_mask_by_bits, (source, placed))
+            if out is None
+            else (_mask_by_bits_into, (source, placed, target))
+        )
+        if _apply_compiled(kernel, *arguments):
+            return result
+    _apply_eager(source, packed, target, reused)
     return result
 
 
@@ -110,6 +115,12 @@ def _mask_by_bits(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """The kernel ``torch.compile`` fuses: ``logits`` is at most ``32 * words`` wide."""
     rows, width = logits.shape
     logits.masked_fill_(_unpacked(bitmask, rows)[:, :width] == 0, float("-inf"))
+
+
+def _mask_by_bits_into(logits: torch.Tensor, bitmask: torch.Tensor, out: torch.Tensor) -> None:
+    """:func:`_mask_by_bits` written to ``out``, ``logits`` left as they are."""
+    rows, width = logits.shape
+    out.copy_(logits.masked_fill(_unpacked(bitmask, rows)[:, :width] == 0, float("-inf")))
 
 
 def _unpacked(bitmask: torch.Tensor, rows: int) -> torch.Tensor:
