@@ -59,10 +59,7 @@ def check_json_value(value: Any, where: str) -> None:
         if isinstance(item, dict):
             for key in item:
                 if not isinstance(key, str):
-                    raise ValueError(
-                        f"{format_path(where, link)} has the key {key!r} of type "
-                        f"{type(key).__name__}; spec dict keys must be strings"
-                    )
+                    raise key_type_error(where, link, key)
             children: Any = item.items()
         elif isinstance(item, (list, tuple)):
             children = enumerate(item)
@@ -70,10 +67,7 @@ def check_json_value(value: Any, where: str) -> None:
             check_json_scalar(item, where, link)
             continue
         if depth >= depth_limit:
-            raise ValueError(
-                f"{format_path(where, link)} nests lists or dicts more than {depth_limit} "
-                "deep (anylogits limit 'spec_depth')"
-            )
+            raise depth_error(where, link, depth_limit)
         for key, child in children:
             kind = type(child)
             if kind is str or kind is int or kind is bool or child is None:
@@ -81,6 +75,22 @@ def check_json_value(value: Any, where: str) -> None:
             if kind is float and math.isfinite(child):
                 continue
             pending.append((child, (link, key), depth + 1))
+
+
+def key_type_error(where: str, link: PathLink, key: Any) -> ValueError:
+    """The error of a dict key that is not a string (JSON's keys are)."""
+    return ValueError(
+        f"{format_path(where, link)} has the key {key!r} of type "
+        f"{type(key).__name__}; spec dict keys must be strings"
+    )
+
+
+def depth_error(where: str, link: PathLink, limit: int) -> ValueError:
+    """The error of a value nested deeper than ``limits().spec_depth``."""
+    return ValueError(
+        f"{format_path(where, link)} nests lists or dicts more than {limit} "
+        "deep (anylogits limit 'spec_depth')"
+    )
 
 
 def check_json_scalar(item: Any, where: str, link: PathLink) -> None:

@@ -109,16 +109,16 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         super().bind(vocab)
         self._bitmask = ReusedBitmask(0, 0)
         if vocab is not None:
-            with self._compile_errors():  # compiled now: errors before generation
-                ENGINE.compile(self.grammar, vocab)
-            self._bind_bitmask(vocab)
+            self._compile(vocab)
+            words = (ENGINE.vocab_size(vocab) + 31) // 32
+            # One row, the first call's (a request's, or a batch's of one): made now,
+            # not in the first mask's time.
+            self._bitmask = ReusedBitmask(1, words)
+            self._ended_row = _ended_row(vocab.eos_token_ids, words)
 
-    def _bind_bitmask(self, vocab: Vocabulary) -> None:
-        words = (ENGINE.vocab_size(vocab) + 31) // 32
-        # One row, the first call's (a request's, or a batch's of one): made now, not
-        # in the first mask's time.
-        self._bitmask = ReusedBitmask(1, words)
-        self._ended_row = _ended_row(vocab.eos_token_ids, words)
+    def _compile(self, vocab: Vocabulary) -> None:
+        with self._compile_errors():  # compiled now: errors before generation
+            ENGINE.compile(self.grammar, vocab)
 
     @classmethod
     def stack(cls, processors: Sequence[Any]) -> LogitsProcessor | None:
@@ -186,11 +186,8 @@ class _StackedGrammars(_Grammar):
     def grammar(self) -> str:
         raise TypeError("stacked grammars have no grammar of their own")
 
-    def bind(self, vocab: Vocabulary | None) -> None:
-        StatefulLogitsProcessor.bind(self, vocab)
-        self._bitmask = ReusedBitmask(0, 0)
-        if vocab is not None:
-            self._bind_bitmask(vocab)
+    def _compile(self, vocab: Vocabulary) -> None:
+        pass  # each request's own processor compiled its grammar
 
     def init_state(self, prompt_ids: torch.Tensor) -> GrammarCursor:
         raise TypeError("stacked grammars read their requests' states; they start none")

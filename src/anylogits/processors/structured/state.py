@@ -118,10 +118,11 @@ def fill_bitmask(
     """
     if len(cursors) == 1 or len({id(cursor.line) for cursor in cursors}) == len(cursors):
         # Every row on its own line (the usual decoding step): one round, no grouping.
-        _fill_distinct_lines(engine, cursors, bitmask, ended_row)
-        return
+        rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
+    else:
+        rounds = _rounds(cursors)
     copies: list[tuple[int, int]] = []
-    for work in _rounds(cursors):
+    for work in rounds:
         filled = []
         for line, depth, rows in work:
             if depth == 0 and line.first_row is not None:
@@ -139,40 +140,6 @@ def fill_bitmask(
     if copies:
         targets, sources = zip(*copies, strict=True)
         bitmask[list(targets)] = bitmask[list(sources)]
-
-
-def _fill_distinct_lines(
-    engine: GrammarEngine,
-    cursors: Sequence[GrammarCursor],
-    bitmask: torch.Tensor,
-    ended_row: torch.Tensor,
-) -> None:
-    """:func:`fill_bitmask` where every cursor has a line of its own: each line's matcher
-    is moved to its cursor and all are filled at once. Written out, since it runs for
-    every row at every step: a line one token behind its cursor (a decoding step)
-    consumes that token here, without :meth:`MatcherLine.matcher_at`'s general walk."""
-    consume = engine.consume
-    filled = []
-    for row, cursor in enumerate(cursors):
-        line, depth = cursor.line, cursor.depth
-        if line.position == depth - 1 and line.end is None:
-            matcher = line.matcher
-            if consume(matcher, line.tokens[depth - 1]):
-                line.position = depth
-            else:
-                line.end = depth - 1
-                matcher = None
-        elif depth == 0 and line.first_row is not None:
-            bitmask[row] = line.first_row
-            continue
-        else:
-            matcher = line.matcher_at(depth)
-        if matcher is None:
-            bitmask[row] = ended_row
-        else:
-            filled.append((matcher, row))
-    for row in engine.fill(filled, bitmask):
-        bitmask[row] = ended_row
 
 
 def _set_rows(bitmask: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anylogits.core.limits import check_size, exceeded, limits
-from anylogits.core.specs import PathLink, check_json_scalar, format_path
+from anylogits.core.specs import (
+    PathLink,
+    check_json_scalar,
+    depth_error,
+    format_path,
+    key_type_error,
+)
 
 # Counts of items or properties, string lengths, divisors: (keyword, limit).
 _SCHEMA_COUNTS = {
@@ -82,18 +88,12 @@ def check_schema(schema: Any, where: str = "schema") -> None:
             check_json_scalar(node, where, link)
             continue
         if depth >= depth_limit:
-            raise ValueError(
-                f"{format_path(where, link)} nests lists or dicts more than {depth_limit} "
-                "deep (anylogits limit 'spec_depth')"
-            )
+            raise depth_error(where, link, depth_limit)
         is_dict = isinstance(node, dict)
         for key, value in children:
             if is_dict:
-                if type(key) is not str:
-                    raise ValueError(
-                        f"{format_path(where, link)} has the key {key!r} of type "
-                        f"{type(key).__name__}; spec dict keys must be strings"
-                    )
+                if not isinstance(key, str):
+                    raise key_type_error(where, link, key)
                 if keywords:
                     limit = _SCHEMA_COUNTS.get(key)
                     if limit is not None and _is_number(value) and value > getattr(current, limit):
