@@ -282,7 +282,7 @@ def conformance(session: nox.Session, backend: str) -> None:
 def gpu(session: nox.Session) -> None:
     """The GPU checks on a CUDA machine (not run by default; docs/accelerators.md).
 
-    tools/gpu_check.py runs tests/test_cuda.py (the catalogue on cuda under
+    tools/gpu_check.py runs tests/test_cuda*.py (the catalogue on cuda under
     torch.cuda.set_sync_debug_mode("error"), equal to the CPU; transformers' generate on
     cuda against its own processors), the demo on cuda, vLLM's levels when installed and
     the GPU benchmark. Without CUDA it says why and exits 0. Arguments after -- go to the

@@ -146,6 +146,7 @@ def structured_verdict(params: Params, ratio: float, extra: dict[str, float]) ->
 CORPUS_TARGETS = {
     "first_mask": 1.25,
     "mask_b1": 1.10,
+    "mask_b1_in_place": 1.10,
     "mask_b1_after_forward": 1.10,
     "mask_b32_in_place": 1.10,
     "requests_b32": 1.10,

@@ -31,6 +31,20 @@ def ours_after(processor: LogitsProcessor, logits: np.ndarray, history: list[int
     return result.numpy()
 
 
+def assert_matches_mlx_processor(
+    processor: LogitsProcessor, seed: int, history: list[int], **settings: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ours against mlx-lm's own processor, ``make_logits_processors(**settings)``
+    (settings that make exactly one), on ``mlx_row(seed)`` after ``history``, within
+    float32 rounding; returns the logits and mlx-lm's result."""
+    mx, sample_utils = mlx_modules()
+    logits = mlx_row(seed)
+    (native,) = sample_utils.make_logits_processors(**settings)
+    expected = np.array(native(mx.array(history), mx.array(logits)))
+    np.testing.assert_allclose(ours_after(processor, logits, history), expected, rtol=1e-6)
+    return logits, expected
+
+
 def mlx_logprobs(logits: np.ndarray) -> Any:
     """What mlx-lm's samplers take: log-probabilities, as an ``mx.array``."""
     mx, _ = mlx_modules()

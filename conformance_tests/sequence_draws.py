@@ -61,3 +61,25 @@ def draw_sequence_shape(data: st.DataObject, id_high: int) -> tuple[int, int, in
     vocab = data.draw(st.sampled_from((id_high + 1, 8, 17, 64, 300)))
     length = data.draw(st.integers(1, 12))
     return batch, vocab, length
+
+
+def draw_planted_inputs(
+    data: st.DataObject,
+    dtype: torch.dtype,
+    id_high: int,
+    planted: list[int],
+    reserved_ids: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Logits and a history of ids below ``id_high`` (the vocabulary also holds
+    ``reserved_ids`` ids above them), with row 0 ending in the prefix of ``planted`` and
+    the logit of its last token at 1.0 (finite, so that a ban or a bias on it shows).
+
+    The flag says whether the prefix fit in the history; where it did not, the caller adds
+    a one-token entry for ``planted[-1]``, so that the oracle still changes row 0.
+    """
+    batch, vocab, length = draw_sequence_shape(data, id_high + reserved_ids)
+    history = draw_history(data, batch, id_high, length)
+    plant(history, planted)
+    logits = draw_logits(data, batch, vocab, dtype)
+    logits[0, planted[-1]] = 1.0
+    return logits, history, len(planted) - 1 <= length

@@ -1,5 +1,5 @@
 """The accelerator level through each engine's own hook: a decode step on an emulated
-device (``test_support/emulated_device.py``), called as the engine calls it, makes no
+device (``test_support/emulated_device/``), called as the engine calls it, makes no
 blocking host->device copy and only the device reads pinned in
 ``test_support/device_budget.py``; every result equals the core pipeline's on the CPU.
 

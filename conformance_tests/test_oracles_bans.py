@@ -37,13 +37,7 @@ from anylogits.processors import BadWords
 from conformance_tests.comparisons import DTYPES, NEG_INF, assert_identical, dtype_id
 from conformance_tests.oracle_draws import Draw, LogitSource, draw_shape
 from conformance_tests.sequence_draws import SETTINGS as SEQUENCE_SETTINGS
-from conformance_tests.sequence_draws import (
-    compare_once,
-    draw_history,
-    draw_logits,
-    draw_sequence_shape,
-    plant,
-)
+from conformance_tests.sequence_draws import compare_once, draw_planted_inputs
 from conformance_tests.transformers_cases import (
     Case,
     CaseBuilder,
@@ -138,13 +132,9 @@ def test_bad_words_match_transformers(dtype: torch.dtype, data: st.DataObject) -
             st.lists(st.integers(0, id_high - 1), min_size=1, max_size=4), min_size=1, max_size=5
         )
     )
-    batch, vocab, length = draw_sequence_shape(data, id_high)
-    history = draw_history(data, batch, id_high, length)
     planted = words[data.draw(st.integers(0, len(words) - 1))]
-    plant(history, planted)
-    logits = draw_logits(data, batch, vocab, dtype)
-    logits[0, planted[-1]] = 1.0  # finite, so banning it shows
-    if len(planted) - 1 > length:
+    logits, history, planted_fits = draw_planted_inputs(data, dtype, id_high, planted)
+    if not planted_fits:
         words.append([planted[-1]])  # cannot be planted: ban it outright instead
     compare_once(BadWords(words), NoBadWordsLogitsProcessor(words), logits, history)
 
@@ -195,15 +185,15 @@ def test_bad_words_match_vllm_on_generated_tokens(dtype: torch.dtype, data: st.D
             st.lists(st.integers(0, id_high - 1), min_size=1, max_size=4), min_size=1, max_size=5
         )
     )
-    batch, vocab, length = draw_sequence_shape(data, id_high + 1)
-    generated = draw_history(data, batch, id_high, length)
     planted = words[data.draw(st.integers(0, len(words) - 1))]
-    plant(generated, planted)
-    # The prompt is id_high only, which no word holds: it cannot take part in a match.
+    # The prompt is id_high only (reserved: no word holds it), so it cannot take part in
+    # a match.
+    logits, generated, planted_fits = draw_planted_inputs(
+        data, dtype, id_high, planted, reserved_ids=1
+    )
+    batch = generated.shape[0]
     prompt = torch.full((batch, data.draw(st.integers(1, 3))), id_high)
-    logits = draw_logits(data, batch, vocab, dtype)
-    logits[0, planted[-1]] = 1.0
-    if len(planted) - 1 > length:
+    if not planted_fits:
         words.append([planted[-1]])
     expected = logits.clone()
     bad_words_ops.apply_bad_words(expected, dict.fromkeys(range(batch), words), generated.tolist())

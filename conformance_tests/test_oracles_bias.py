@@ -35,20 +35,10 @@ from conformance_tests.llama_cpp_rows import (
     ours_row,
     random_row,
 )
-from conformance_tests.mlx_rows import (
-    mlx_modules,
-    mlx_row,
-    ours_after,
-)
+from conformance_tests.mlx_rows import assert_matches_mlx_processor
 from conformance_tests.oracle_draws import Draw
 from conformance_tests.sequence_draws import SETTINGS as SEQUENCE_SETTINGS
-from conformance_tests.sequence_draws import (
-    compare_once,
-    draw_history,
-    draw_logits,
-    draw_sequence_shape,
-    plant,
-)
+from conformance_tests.sequence_draws import compare_once, draw_planted_inputs
 from conformance_tests.transformers_cases import (
     Case,
     CaseBuilder,
@@ -56,8 +46,14 @@ from conformance_tests.transformers_cases import (
     TransformersPairs,
     one_step,
 )
-from conformance_tests.zoo_peer import SETTINGS as ZOO_SETTINGS
-from conformance_tests.zoo_peer import Logits, Peer, draw_prompts, greedy_loop, identical
+from conformance_tests.zoo_peer import (
+    Logits,
+    Peer,
+    draw_prompts,
+    greedy_loop,
+    identical,
+    zoo_oracle,
+)
 
 
 def case_logit_bias(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
@@ -173,12 +169,8 @@ def test_sequence_bias_matches_transformers(dtype: torch.dtype, data: st.DataObj
     )
     pairs = [[list(s), float(data.draw(BIASES))] for s in sequences]
     pairs.insert(data.draw(st.integers(0, len(pairs))), [planted, planted_bias])
-    batch, vocab, length = draw_sequence_shape(data, id_high)
-    history = draw_history(data, batch, id_high, length)
-    plant(history, planted)
-    logits = draw_logits(data, batch, vocab, dtype)
-    logits[0, planted[-1]] = 1.0
-    if len(planted) - 1 > length:
+    logits, history, planted_fits = draw_planted_inputs(data, dtype, id_high, planted)
+    if not planted_fits:
         pairs.append([[planted[-1]], planted_bias])  # cannot be planted: bias it always
     compare_once(SequenceBias(pairs), SequenceBiasLogitsProcessor(pairs), logits, history)
 
@@ -236,10 +228,7 @@ def test_logit_bias_matches_llama_cpp(seed: int) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", processor="cite_from_prompt", backend="transformers")
-@ZOO_SETTINGS
-@given(data=st.data())
+@zoo_oracle("cite_from_prompt")
 def test_cite_from_prompt_matches_the_zoo(peer: Peer, data) -> None:
     boost_factor = data.draw(st.floats(-3.0, 3.0).filter(lambda f: abs(f) > 1e-3))
     boost_eos = data.draw(st.booleans())
@@ -269,9 +258,5 @@ def test_cite_from_prompt_matches_the_zoo(peer: Peer, data) -> None:
 @pytest.mark.support("oracle", processor="logit_bias", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 def test_logit_bias_matches_mlx_lm_make_logits_processors(seed: int) -> None:
-    mx, sample_utils = mlx_modules()
-    logits = mlx_row(seed)
     bias = {3: 2.5, 77: -4.0, 1999: 1.0}
-    (native,) = sample_utils.make_logits_processors(logit_bias=bias)
-    expected = np.array(native(mx.array([1, 2]), mx.array(logits)))
-    np.testing.assert_allclose(ours_after(LogitBias(bias), logits, [1, 2]), expected, rtol=1e-6)
+    assert_matches_mlx_processor(LogitBias(bias), seed, [1, 2], logit_bias=bias)

@@ -20,7 +20,6 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("hypothesis")
 
-from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import Pipeline
@@ -29,23 +28,19 @@ from conformance_tests.zoo_peer import (
     PHRASES,
     Logits,
     Peer,
-    draw_prompts,
+    draw_logits_and_prompts,
     greedy_loop,
     identical,
     strict_from_oracle,
+    zoo_oracle,
 )
-from conformance_tests.zoo_peer import SETTINGS as ZOO_SETTINGS
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", processor="force_sequence", backend="transformers")
-@ZOO_SETTINGS
-@given(data=st.data())
+@zoo_oracle("force_sequence")
 def test_force_sequence_matches_a_trigger_phrase_fired_at_once(peer: Peer, data) -> None:
     phrase = data.draw(st.sampled_from(PHRASES))
     strict = data.draw(st.booleans())
-    logits = Logits(data, data.draw(st.integers(1, 3)), len(peer.tokenizer))
-    prompts = draw_prompts(data, logits)
+    logits, prompts = draw_logits_and_prompts(data, peer)
     steps = data.draw(st.integers(1, 7))
     # A nanosecond: the zoo's wall-clock trigger has passed by its first check.
     oracle = peer.zoo.TriggerPhraseLogitsProcessor(
@@ -57,10 +52,7 @@ def test_force_sequence_matches_a_trigger_phrase_fired_at_once(peer: Peer, data)
     assert changed == min(steps, len(peer.ids(phrase)))
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", processor="trigger_phrase", backend="transformers")
-@ZOO_SETTINGS
-@given(data=st.data())
+@zoo_oracle("trigger_phrase")
 def test_trigger_phrase_matches_the_zoo(peer: Peer, data) -> None:
     trigger = data.draw(st.sampled_from([".", ",", " the"]))
     (trigger_id,) = peer.ids(trigger)
@@ -68,8 +60,7 @@ def test_trigger_phrase_matches_the_zoo(peer: Peer, data) -> None:
     count = data.draw(st.integers(1, 3))
     after = data.draw(st.booleans())
     strict = data.draw(st.booleans())
-    logits = Logits(data, data.draw(st.integers(1, 3)), len(peer.tokenizer))
-    prompts = draw_prompts(data, logits)
+    logits, prompts = draw_logits_and_prompts(data, peer)
     rate = data.draw(st.sampled_from((0.3, 0.7)))
 
     def next_logits(step: int, ids: torch.Tensor) -> torch.Tensor:
@@ -89,15 +80,11 @@ def test_trigger_phrase_matches_the_zoo(peer: Peer, data) -> None:
     assert greedy_loop(ours, oracle, peer, prompts, steps, next_logits, check) > 0
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", processor="force_last_phrase", backend="transformers")
-@ZOO_SETTINGS
-@given(data=st.data())
+@zoo_oracle("force_last_phrase")
 def test_force_last_phrase_matches_the_zoo(peer: Peer, data) -> None:
     phrase = data.draw(st.sampled_from(PHRASES))
     strict = data.draw(st.booleans())
-    logits = Logits(data, data.draw(st.integers(1, 3)), len(peer.tokenizer))
-    prompts = draw_prompts(data, logits)
+    logits, prompts = draw_logits_and_prompts(data, peer)
     eos = peer.tokenizer.eos_token_id
     rate = data.draw(st.sampled_from((0.2, 0.6)))
 
@@ -128,10 +115,7 @@ def zoo_multiple_choice(peer: Peer, choices: tuple[str, ...], delimiter: str, bo
     return _ZOO_CHOICES[key]
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", processor="multiple_choice", backend="transformers")
-@ZOO_SETTINGS
-@given(data=st.data())
+@zoo_oracle("multiple_choice")
 def test_multiple_choice_matches_the_zoo(peer: Peer, data) -> None:
     choices = data.draw(st.sampled_from([("A", "B", "C", "D"), ("1", "2", "3", "4"), ("A", "B")]))
     delimiter = data.draw(st.sampled_from([".", ")"]))

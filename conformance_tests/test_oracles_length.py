@@ -48,8 +48,13 @@ from conformance_tests.transformers_cases import (
     FixedExample,
     TransformersPairs,
 )
-from conformance_tests.zoo_peer import SETTINGS as ZOO_SETTINGS
-from conformance_tests.zoo_peer import Logits, Peer, draw_prompts, greedy_loop, identical
+from conformance_tests.zoo_peer import (
+    Peer,
+    draw_logits_and_prompts,
+    greedy_loop,
+    identical,
+    zoo_oracle,
+)
 
 
 def case_min_new_tokens(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
@@ -259,17 +264,13 @@ def test_stop_strings_in_the_prompt_stop_the_oracle_but_not_ours(hf_tokenizer: A
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.only_backend("transformers")
-@pytest.mark.support("oracle", processor="gen_length", backend="transformers")
-@ZOO_SETTINGS
-@given(data=st.data())
+@zoo_oracle("gen_length")
 def test_gen_length_matches_the_zoo(peer: Peer, data) -> None:
     boost_factor = data.draw(st.floats(-2.0, 2.0).filter(lambda f: abs(f) > 1e-3))
     p = data.draw(st.integers(1, 3))
     complete = data.draw(st.booleans())
     boost_text = data.draw(st.sampled_from([None, ".", " the"]))
-    logits = Logits(data, data.draw(st.integers(1, 3)), len(peer.tokenizer))
-    prompts = draw_prompts(data, logits)
+    logits, prompts = draw_logits_and_prompts(data, peer)
     probes = ("It is a sentence.", "It is a new line\n")  # the zoo's sentence ends
     full_stop, newline = (peer.ids(text)[-1] for text in probes)
     boosted = peer.tokenizer.eos_token_id if boost_text is None else peer.ids(boost_text)[-1]

@@ -82,11 +82,7 @@ from conformance_tests.llama_cpp_rows import (
     ours_row,
     random_row,
 )
-from conformance_tests.mlx_rows import (
-    mlx_modules,
-    mlx_row,
-    ours_after,
-)
+from conformance_tests.mlx_rows import assert_matches_mlx_processor, ours_after
 from conformance_tests.oracle_draws import Draw
 from conformance_tests.transformers_cases import (
     Case,
@@ -420,18 +416,12 @@ def test_repetition_penalty_context_size_matches_llama_cpp_penalty_last_n(
 @pytest.mark.support("oracle", processor="repetition_penalty", backend="mlx")
 @pytest.mark.parametrize("seed", range(6))
 def test_repetition_penalty_matches_mlx_lm_make_logits_processors(seed: int) -> None:
-    mx, sample_utils = mlx_modules()
-    logits = mlx_row(seed)
     history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
     # mlx-lm penalizes the last `repetition_context_size` tokens: cover the whole history.
-    (native,) = sample_utils.make_logits_processors(
-        repetition_penalty=1.3, repetition_context_size=30
+    logits, expected = assert_matches_mlx_processor(
+        RepetitionPenalty(1.3), seed, history, repetition_penalty=1.3, repetition_context_size=30
     )
-    expected = np.array(native(mx.array(history), mx.array(logits)))
     assert not np.array_equal(expected, logits)
-    np.testing.assert_allclose(
-        ours_after(RepetitionPenalty(1.3), logits, history), expected, rtol=1e-6
-    )
 
 
 @pytest.mark.only_backend("mlx")
@@ -441,19 +431,12 @@ def test_repetition_penalty_matches_mlx_lm_make_logits_processors(seed: int) -> 
 def test_repetition_penalty_context_size_matches_mlx_lm_repetition_context_size(
     seed: int, context_size: int
 ) -> None:
-    mx, sample_utils = mlx_modules()
-    logits = mlx_row(seed)
     history = np.random.default_rng(seed + 50).integers(0, 60, 30).tolist()
-    (native,) = sample_utils.make_logits_processors(
-        repetition_penalty=1.3, repetition_context_size=context_size
+    windowed = RepetitionPenalty(1.3, context_size=context_size)
+    logits, expected = assert_matches_mlx_processor(
+        windowed, seed, history, repetition_penalty=1.3, repetition_context_size=context_size
     )
-    expected = np.array(native(mx.array(history), mx.array(logits)))
     assert not np.array_equal(expected, ours_after(RepetitionPenalty(1.3), logits, history))
-    np.testing.assert_allclose(
-        ours_after(RepetitionPenalty(1.3, context_size=context_size), logits, history),
-        expected,
-        rtol=1e-6,
-    )
 
 
 @pytest.fixture(scope="module")

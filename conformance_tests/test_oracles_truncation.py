@@ -34,7 +34,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from anylogits import MinP, Pipeline, TopK, TopP
+from anylogits import LogitsProcessor, MinP, Pipeline, TopK, TopP
 from conformance_tests.comparisons import NEG_INF, assert_identical, dtype_id
 from conformance_tests.llama_cpp_rows import (
     LLAMA_VOCAB,
@@ -178,28 +178,36 @@ def case_top_k(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case
     return Case(TopK(k, min_tokens_to_keep=m), TopKLogitsWarper(k, min_tokens_to_keep=m), steps)
 
 
-def case_top_p(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
-    p = draw.float(1e-3, 1.0, specials=(1.0, 0.999, 0.95, 0.9, 0.5, 0.1, 1e-6))
+def _case_at_p(
+    draw: Draw,
+    dtype: torch.dtype,
+    vocab: int | None,
+    p: float,
+    classes: tuple[type[LogitsProcessor], Any],
+    make_check: Callable[[int], Check],
+) -> Case:
+    """Ours and the oracle (``classes``) at ``p`` and a drawn ``min_tokens_to_keep``,
+    compared by ``make_check(min_tokens_to_keep)``."""
     vocab, steps = one_step(draw, dtype, vocab)
     m = draw_min_tokens(draw, vocab)
+    ours, oracle = classes
     return Case(
-        TopP(p, min_tokens_to_keep=m),
-        TopPLogitsWarper(p, min_tokens_to_keep=m),
+        ours(p, min_tokens_to_keep=m),
+        oracle(p, min_tokens_to_keep=m),
         steps,
-        check=make_top_p_check(p),
+        check=make_check(m),
     )
+
+
+def case_top_p(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
+    p = draw.float(1e-3, 1.0, specials=(1.0, 0.999, 0.95, 0.9, 0.5, 0.1, 1e-6))
+    check = make_top_p_check(p)
+    return _case_at_p(draw, dtype, vocab, p, (TopP, TopPLogitsWarper), lambda _: check)
 
 
 def case_min_p(draw: Draw, dtype: torch.dtype, vocab: int | None = None) -> Case:
     p = draw.float(0.0, 1.0, specials=(0.0, 1.0, 0.05, 0.1, 0.5, 0.9))
-    vocab, steps = one_step(draw, dtype, vocab)
-    m = draw_min_tokens(draw, vocab)
-    return Case(
-        MinP(p, min_tokens_to_keep=m),
-        MinPLogitsWarper(p, min_tokens_to_keep=m),
-        steps,
-        check=make_min_p_check(m),
-    )
+    return _case_at_p(draw, dtype, vocab, p, (MinP, MinPLogitsWarper), make_min_p_check)
 
 
 CASES: dict[str, CaseBuilder] = {

@@ -43,6 +43,7 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
 from hypothesis import strategies as st
 
 from anylogits import Pipeline
@@ -190,3 +191,21 @@ def draw_prompts(
         return torch.randint(0, logits.width, (logits.batch, length), generator=logits.generator)
     index = torch.randint(0, len(pool), (logits.batch, length), generator=logits.generator)
     return torch.tensor(pool)[index]
+
+
+def draw_logits_and_prompts(data: st.DataObject, peer: Peer) -> tuple[Logits, torch.Tensor]:
+    """Logits of 1 to 3 rows at the tokenizer's width, and random prompts for those rows."""
+    logits = Logits(data, data.draw(st.integers(1, 3)), len(peer.tokenizer))
+    return logits, draw_prompts(data, logits)
+
+
+def zoo_oracle(processor: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Makes a test ``(peer, data)`` a hypothesis-drawn comparison of ``processor`` with
+    the zoo: transformers only, with :data:`SETTINGS`, recorded in the support matrix."""
+
+    def mark(test: Callable[..., None]) -> Callable[..., None]:
+        drawn = SETTINGS(given(data=st.data())(test))
+        supported = pytest.mark.support("oracle", processor=processor, backend="transformers")
+        return pytest.mark.only_backend("transformers")(supported(drawn))
+
+    return mark

@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from anylogits import Pipeline, Vocabulary, from_spec, to_specs
@@ -207,3 +208,32 @@ def assert_resumed_sequences_match_step_by_step(processor: LogitsProcessor, seed
     assert len(batched) == sum(s.steps - 3 for s in sequences)
     for (index, step), out in batched.items():
         assert torch.equal(out, reference[index][step]), (index, step)
+
+
+SequenceCheck = Callable[[LogitsProcessor, int], None]
+# Both checks, for processors whose state is derived from tokens alone.
+SEQUENCE_CHECKS: dict[str, SequenceCheck] = {
+    "moved_forked_joined": assert_rows_match_each_sequence_run_alone,
+    "resumed_after_skipped_calls": assert_resumed_sequences_match_step_by_step,
+}
+
+
+def across_sequence_checks(
+    processors: list[LogitsProcessor],
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Parametrizes a test of ``(check, processor, seed)`` over :data:`SEQUENCE_CHECKS`,
+    ``processors`` and three seeds."""
+
+    def parametrize(test: Callable[..., None]) -> Callable[..., None]:
+        marks = (
+            pytest.mark.parametrize("seed", range(3)),
+            pytest.mark.parametrize("processor", processors, ids=repr),
+            pytest.mark.parametrize(
+                "check", list(SEQUENCE_CHECKS.values()), ids=list(SEQUENCE_CHECKS)
+            ),
+        )
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    return parametrize

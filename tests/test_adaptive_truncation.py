@@ -8,14 +8,9 @@ import math
 
 import pytest
 import torch
-from truncation_fixtures import (
-    DTYPES,
-    NEG_INF,
-    assert_keeps_the_dtype_and_only_removes_tokens,
-    assert_spec_round_trip_rebuilds_an_equal_processor,
-)
+from truncation_fixtures import DTYPES, NEG_INF, RemovingProcessorChecks
 
-from anylogits import LogitsProcessor, Pipeline
+from anylogits import Pipeline
 from anylogits.core.batch import Batch
 from anylogits.processors.adaptive_truncation import (
     EpsilonCutoff,
@@ -55,17 +50,8 @@ PROCESSORS = [
 ]
 
 
-@pytest.mark.parametrize("processor", PROCESSORS, ids=lambda p: type(p).__name__)
-def test_spec_round_trip_rebuilds_an_equal_processor(processor: LogitsProcessor) -> None:
-    assert_spec_round_trip_rebuilds_an_equal_processor(processor)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("processor", PROCESSORS, ids=lambda p: type(p).__name__)
-def test_processors_keep_the_dtype_and_only_remove_tokens(
-    processor: LogitsProcessor, dtype: torch.dtype
-) -> None:
-    assert_keeps_the_dtype_and_only_removes_tokens(processor, dtype)
+class TestRemovingProcessors(RemovingProcessorChecks):
+    processors = PROCESSORS
 
 
 # Stacking: one call with per-row parameters gives, bit for bit, each row's own result.

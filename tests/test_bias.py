@@ -158,17 +158,8 @@ def test_cite_from_prompt_boosts_each_rows_prompt_and_what_follows_the_last_toke
     assert phrases.only_boosted(out[1]) == {7: 1.0, 8: 1.0, 9: 1.0, phrases.EOS: 1.0}
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("processor", CITE_EXAMPLES, ids=repr)
-def test_cite_from_prompt_rows_that_move_fork_and_join_match_each_sequence_run_alone(
-    processor: CiteFromPrompt, seed: int
+@phrases.across_sequence_checks(CITE_EXAMPLES)
+def test_cite_from_prompt_sequences_match_however_their_rows_move_and_calls_skip(
+    check: phrases.SequenceCheck, processor: CiteFromPrompt, seed: int
 ) -> None:
-    phrases.assert_rows_match_each_sequence_run_alone(processor, seed)
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("processor", CITE_EXAMPLES, ids=repr)
-def test_cite_from_prompt_sequences_resumed_after_skipped_calls_match_step_by_step(
-    processor: CiteFromPrompt, seed: int
-) -> None:
-    phrases.assert_resumed_sequences_match_step_by_step(processor, seed)
+    check(processor, seed)

@@ -8,9 +8,15 @@ import re
 import pytest
 import torch
 
-from anylogits import LogitsProcessor, RepetitionPenalty, Temperature
+from anylogits import LogitsProcessor, Pipeline, RepetitionPenalty, Temperature
 from anylogits.testing import check_processor
-from anylogits.testing.check import SCENARIOS, _check_core, _copier, record_scenarios
+from anylogits.testing.check import (
+    SCENARIOS,
+    _check_core,
+    _copier,
+    check_processor_on,
+    record_scenarios,
+)
 from test_support.broken import BROKEN, IgnoresRows, KeysStateByRow, MutatesState
 from test_support.catalogue import PROCESSOR_SPECS, build
 
@@ -97,3 +103,36 @@ def test_each_scenario_on_its_own_catches_the_broken_processors() -> None:
                 continue  # no fork, no rollback: every state has one owner
             with pytest.raises(AssertionError, match=re.escape(f"scenario {scenario.name!r}")):
                 _check_core(broken(), fresh, None, [scenario], truth, [torch.float32])
+
+
+class PipelineBackend:
+    """A backend handed in as an object: its hook is the core pipeline."""
+
+    name = "pipeline"
+    dtypes = (torch.float32,)
+    max_batch = None
+    preserves_logits = False
+
+    def hook(self, processors: list[LogitsProcessor], tokenizer: object = None) -> Pipeline:
+        return Pipeline(processors)
+
+    def call(self, hook: Pipeline, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return hook(logits, token_ids)
+
+
+def test_the_check_runs_on_backends_handed_in() -> None:
+    done = check_processor_on(RepetitionPenalty(1.2), [PipelineBackend()])
+    assert "pipeline: beam fork/reorder, torch.float32" in done
+    assert not any(line.startswith("pipeline:") and "float16" in line for line in done)
+    with pytest.raises(AssertionError, match="failed on backend 'pipeline', scenario "):
+        check_processor_on(IgnoresRows(), [PipelineBackend()])
+
+
+def test_check_processor_is_the_engines_front_of_the_check() -> None:
+    """``anylogits.testing.check_processor`` names backends, so it is defined above the
+    engines; what it checks comes from the check below them."""
+    import anylogits.testing
+    from anylogits.engines import check_backends
+
+    assert anylogits.testing.check_processor is check_backends.check_processor
+    assert "check_processor" in dir(anylogits.testing)

@@ -1,69 +1,68 @@
-"""On a real CUDA device: no synchronizing call in a decode step, the same logits as on
-the CPU, and transformers' ``generate`` giving the tokens of its own processors.
+"""On a real CUDA device: no synchronizing call in a decode step, and the same logits as
+on the CPU (transformers' ``generate`` on the device: ``tests/test_cuda_generate.py``).
 
 Every test here skips without CUDA; ``nox -s gpu`` (``tools/gpu_check.py``) runs them on a
 GPU machine, and ``docs/accelerators.md`` says what they prove beyond the CPU suite.
+``tests/cuda_fixtures.py`` holds what the GPU suite's modules share: the device, the
+report, the checked step and the comparison with the CPU.
 
-1. The catalogue on ``cuda`` logits (every case of ``tests/test_host_sync.py``, as
-   ``test_support.engine_rows`` defines them: the ``PROCESSOR_SPECS`` and
-   ``VOCABULARY_SPECS`` of ``test_support.catalogue`` and a few other branches), three
-   decode steps on its ragged ``PROMPTS`` and 4,096-token byte ``VOCAB``, along two
-   paths:
+The catalogue on ``cuda`` logits (every case of ``tests/test_host_sync.py``, as
+``test_support.engine_rows`` defines them: the ``PROCESSOR_SPECS`` and
+``VOCABULARY_SPECS`` of ``test_support.catalogue`` and a few other branches), three
+decode steps on its ragged ``PROMPTS`` and 4,096-token byte ``VOCAB``, along two
+paths:
 
-   - ``device history``: ``Pipeline([processor], VOCAB)(logits, input_ids, out=...)``
-     with ``input_ids`` on the device, left-padded, as transformers' ``generate`` passes
-     them to its hook;
-   - ``host history``: :class:`~anylogits.core.persistent_batch.PersistentBatch`, one
-     request per slot put with its prompt ids and an output feed, as vLLM's V1 runner
-     keeps them on the host; also slots that stack different parameters of one kind
-     into one call, and ``test_host_sync``'s mix of kinds;
-   - vLLM's V2 runner: committed tokens in a per-slot device buffer, read there by
-     stateless processors; a grammar's copied to pinned memory before the step; drafts
-     with -1 placeholders.
+- ``device history``: ``Pipeline([processor], VOCAB)(logits, input_ids, out=...)``
+  with ``input_ids`` on the device, left-padded, as transformers' ``generate`` passes
+  them to its hook;
+- ``host history``: :class:`~anylogits.core.persistent_batch.PersistentBatch`, one
+  request per slot put with its prompt ids and an output feed, as vLLM's V1 runner
+  keeps them on the host; also slots that stack different parameters of one kind
+  into one call, and ``test_host_sync``'s mix of kinds;
+- vLLM's V2 runner: committed tokens in a per-slot device buffer, read there by
+  stateless processors; a grammar's copied to pinned memory before the step; drafts
+  with -1 placeholders.
 
-   Two warm-up steps, then the third under ``torch.cuda.set_sync_debug_mode("error")``:
-   any synchronizing CUDA call (a blocking copy either way, ``.item()``, ``.tolist()``,
-   ``nonzero``) raises. The steps that read the device by design, as the accelerator
-   level's budget pins them with their reasons (``test_support/device_budget.py``: the
-   watermark's seeds, the top-choice states of ForceLastPhrase and the replacing
-   TriggerPhrase, the prefix tracker's read of ``input_ids``), run under ``"warn"``
-   instead, and only their result is checked: so this run proves on real hardware what
-   the emulated device (``tests/test_device_copies.py``) claims. Every step's logits
-   must equal those of the same processors on the CPU (see :data:`RTOL`).
-2. transformers' ``generate`` on the tiny model moved to the device: each job of
-   ``test_support.native_jobs`` through anylogits gives the tokens of transformers'
-   own parameters (greedy: identical ids; sampled: the same seed, the same draws), after
-   the job is shown to change the unprocessed tokens; every generation case gives the
-   tokens of a plain step-by-step loop; NoRepeatNGram and a composed hook on a
-   left-padded batch give the tokens of transformers' own processors.
+Two warm-up steps, then the third under ``torch.cuda.set_sync_debug_mode("error")``:
+any synchronizing CUDA call (a blocking copy either way, ``.item()``, ``.tolist()``,
+``nonzero``) raises. The steps that read the device by design, as the accelerator
+level's budget pins them with their reasons (``test_support/device_budget.py``: the
+watermark's seeds, the top-choice states of ForceLastPhrase and the replacing
+TriggerPhrase, the prefix tracker's read of ``input_ids``), run under ``"warn"``
+instead, and only their result is checked: so this run proves on real hardware what
+the emulated device (``tests/test_device_copies.py``) claims. Every step's logits
+must equal those of the same processors on the CPU (see :data:`cuda_fixtures.RTOL`).
 
-``ANYLOGITS_GPU_REPORT=path.json`` writes what each case of part 1 did (synchronizing
-calls seen, largest difference from the CPU). ``ANYLOGITS_GPU_TEST_DEVICE=cpu`` runs the
-same code with the CPU as the "device" (no sync detection): a check of this harness on a
-machine without a GPU.
+``ANYLOGITS_GPU_REPORT=path.json`` writes what each case did (synchronizing calls seen,
+largest difference from the CPU). ``ANYLOGITS_GPU_TEST_DEVICE=cpu`` runs the same code
+with the CPU as the "device" (no sync detection): a check of this harness on a machine
+without a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import json
-import os
-import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 from unittest import mock
 
 import pytest
 import torch
+from cuda_fixtures import (
+    CUDA_ONLY_SYNCS,
+    DEVICE,
+    HAS_LLGUIDANCE,
+    REPORT,
+    REQUIRES_DEVICE,
+    assert_matches_cpu,
+    checked_step,
+    expected_sync,
+    fresh_greenlists,  # noqa: F401 (autouse)
+    write_report,  # noqa: F401 (autouse)
+)
 
 from anylogits import Pipeline, from_spec
 from anylogits.core.persistent_batch import PersistentBatch
-from anylogits.core.sync import forbid_host_sync
-from anylogits.processors import watermark as watermark_module
-from anylogits.processors._greenlist import GreenlistCache
-from test_support.device_budget import DEVICE_HISTORY, HOST_HISTORY, expected_device_reads
+from test_support.device_budget import DEVICE_HISTORY, HOST_HISTORY
 from test_support.engine_rows import (
     CASES,
     PROMPTS,
@@ -73,138 +72,13 @@ from test_support.engine_rows import (
     VOCAB,
     WIDTH,
 )
-from test_support.kept_sets import BOUNDARY_TYPES, without_boundary_flips
+from test_support.kept_sets import BOUNDARY_TYPES
 
-DEVICE = torch.device(os.environ.get("ANYLOGITS_GPU_TEST_DEVICE", "cuda"))
-ON_CUDA = DEVICE.type == "cuda"
-
-
-def _device_available() -> bool:
-    return torch.cuda.is_available() if ON_CUDA else DEVICE.type == "cpu"
-
-
-pytestmark = pytest.mark.skipif(
-    not _device_available(),
-    reason="no CUDA device here (torch.cuda.is_available() is False): the GPU session "
-    "(nox -s gpu, tools/gpu_check.py) runs these",
-)
+pytestmark = REQUIRES_DEVICE
 
 STEPS = 3  # two warm-up steps (caches, device constants), then the one checked
-HAS_LLGUIDANCE = importlib.util.find_spec("llguidance") is not None
 # Rows are left-padded with the EOS id, as generate pads with pad_token_id = eos.
 PAD = max(VOCAB.eos_token_ids)
-
-# The CPU and CUDA kernels of exp, log, pow and the reductions (softmax, cumsum, sums over
-# a row) round differently in the last bits (float32 epsilon: 1.2e-7); with logits below
-# ~20 in magnitude a few ulps stay well under 1e-5. Truncations leave the kept logits as
-# they are, so which entries are -inf must agree exactly (assert_close compares
-# infinities exactly); a token at a truncation's boundary flipping would show here.
-RTOL = 1e-5
-ATOL = 1e-5
-
-# Which steps may synchronize: those the accelerator level's budget allows a device read
-# (test_support/device_budget.py: each with its reason; the prefix tracker's read of
-# input_ids on the device-history path among them). Every other step must not: so this
-# run checks on real hardware what the emulated device claims (tests/test_device_copies.py).
-# A step that syncs on CUDA for a reason the emulation cannot see goes here, with it.
-CUDA_ONLY_SYNCS: dict[tuple[str, str], str] = {}
-
-
-REPORT: dict[str, dict[str, Any]] = {}
-
-
-def expected_sync(name: str, path: str) -> str | None:
-    """Why catalogue case ``name`` may synchronize in a step on ``path``, or ``None`` when
-    it must not; the budget's reads per step go to the report."""
-    reads, why = expected_device_reads(name, from_spec(CASES[name]), path)
-    REPORT.setdefault(name, {}).setdefault(path, {})["budget_reads"] = reads
-    return why if reads else CUDA_ONLY_SYNCS.get((name, path))
-
-
-@pytest.fixture(autouse=True)
-def _write_report() -> Iterator[None]:
-    # After every test: a run stopped by its time limit keeps what it saw.
-    yield
-    path = os.environ.get("ANYLOGITS_GPU_REPORT")
-    if path and REPORT:
-        Path(path).write_text(json.dumps(REPORT, indent=2, sort_keys=True) + "\n")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_greenlists() -> Iterator[None]:
-    # Watermark's greenlist cache is process-wide: each case starts from an empty one.
-    with mock.patch.object(watermark_module, "GREENLISTS", GreenlistCache()):
-        yield
-
-
-@contextlib.contextmanager
-def sync_debug(mode: str) -> Iterator[list[str]]:
-    """Run the block under ``torch.cuda.set_sync_debug_mode(mode)`` (``"error"``: a
-    synchronizing call raises; ``"warn"``: it is recorded in the list yielded)."""
-    seen: list[str] = []
-    if not ON_CUDA:
-        # The harness check on the CPU: the processors take the accelerator's branch.
-        with forbid_host_sync():
-            yield seen
-        return
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode(mode)
-        try:
-            yield seen
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    seen.extend(str(w.message) for w in caught if "synchroniz" in str(w.message).lower())
-
-
-def checked_step(label: str, reason: str | None, record: dict[str, Any], run: Any) -> torch.Tensor:
-    """``run()``: the checked step, strict unless ``reason`` says it syncs by design."""
-    if reason is None:
-        try:
-            with sync_debug("error"):
-                result = run()
-        except RuntimeError as error:
-            if "synchroniz" not in str(error).lower():
-                raise
-            record["syncs"] = f"raised: {error}"
-            raise AssertionError(
-                f"{label}: a synchronizing CUDA call in a decode step ({error}); the "
-                "traceback above shows where. The accelerator level's budget "
-                "(test_support/device_budget.py) allows none here: if the emulated device "
-                "missed it, it should count it; if only CUDA syncs there, list the case in "
-                "CUDA_ONLY_SYNCS with the reason."
-            ) from error
-        record["syncs"] = 0
-        return result
-    with sync_debug("warn") as seen:
-        result = run()
-    record["syncs"] = len(seen)
-    record["expected"] = reason
-    return result
-
-
-def assert_matches_cpu(
-    actual: torch.Tensor,
-    expected: torch.Tensor,
-    label: str,
-    record: dict[str, Any],
-    boundary: bool = False,
-) -> None:
-    actual = actual.cpu()
-    if boundary:
-        actual, expected, flips = without_boundary_flips(actual, expected, label)
-        if flips:
-            record["boundary_flips"] = record.get("boundary_flips", 0) + flips
-    finite = torch.isfinite(actual) & torch.isfinite(expected)
-    difference = (actual - expected).abs()[finite]
-    record["max_abs_difference"] = max(
-        record.get("max_abs_difference", 0.0), float(difference.max()) if difference.numel() else 0
-    )
-    record["bitwise_equal"] = record.get("bitwise_equal", True) and bool(
-        torch.equal(actual.nan_to_num(0.5), expected.nan_to_num(0.5))
-    )
-    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True, msg=label)
 
 
 def _boundary(spec: dict[str, Any]) -> bool:
@@ -218,11 +92,6 @@ def skip_unrunnable(name: str) -> None:
 
 def step_logits(generator: torch.Generator, rows: int) -> torch.Tensor:
     return torch.randn(rows, WIDTH, generator=generator) * 3
-
-
-# ---------------------------------------------------------------------------------------
-# 1. The catalogue on the device
-# ---------------------------------------------------------------------------------------
 
 
 def left_padded(prompts: Sequence[list[int]]) -> torch.Tensor:
@@ -494,155 +363,3 @@ def test_v2_runner_step_on_the_device() -> None:
             assert_matches_cpu(actual, expected, f"{label}, step {step}", record)
             for slot, sequence in enumerate(held):
                 sequence.append(int(expected[slots.index(slot)].argmax()))
-
-
-# ---------------------------------------------------------------------------------------
-# 2. transformers' generate on the device
-# ---------------------------------------------------------------------------------------
-
-
-def tiny_model_folder(scratch: pytest.TempPathFactory) -> Path:
-    """The tiny model: from the prepared folder ``ANYLOGITS_GPU_TINY_MODEL`` names (a
-    machine without network; ``python tools/gpu_check.py --prepare DIR`` writes it), else
-    from anylogits' cache."""
-    from anylogits.testing.tiny_model import build_tiny_model, tiny_model_cached
-
-    prepared = os.environ.get("ANYLOGITS_GPU_TINY_MODEL")
-    if prepared:
-        from test_support.gpu_tiny_model import install
-
-        folder, _ = install(Path(prepared), scratch.mktemp("anylogits-cache"))
-        return folder
-    if tiny_model_cached():
-        return build_tiny_model()
-    pytest.skip(
-        "the tiny model is not in anylogits' cache and ANYLOGITS_GPU_TINY_MODEL is not set "
-        "(python tools/gpu_check.py --prepare DIR writes a folder for it)"
-    )
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    pytest.importorskip("transformers")
-    from anylogits.engines.generation import TransformersEngine
-
-    loaded = TransformersEngine.load(tiny_model_folder(tmp_path_factory))
-    loaded.model.to(DEVICE)
-    return loaded
-
-
-def _native_runs() -> list[tuple[str, int | None]]:
-    from test_support.native_jobs import NATIVE_RUNS
-
-    return NATIVE_RUNS
-
-
-def _generation_cases() -> list[str]:
-    from test_support.generation_cases import CROSS_ENGINE_CASES
-
-    return sorted(CROSS_ENGINE_CASES)
-
-
-@pytest.mark.parametrize(("case", "seed"), _native_runs())
-def test_native_jobs_on_the_device(engine: Any, case: str, seed: int | None) -> None:
-    from anylogits.engines.generation import NEW_TOKENS
-    from test_support.generation_cases import COUNTING
-    from test_support.native_jobs import NATIVE_JOBS, SAMPLED_TOKENS, in_engine_order
-
-    native_job = NATIVE_JOBS[case]
-    if "transformers" in native_job.known_differences:
-        pytest.skip(native_job.known_differences["transformers"])
-    prompt = engine.encode(COUNTING)
-    plain = engine.greedy(prompt)
-    job = native_job.job(plain)
-    ours_processors = in_engine_order(job, "transformers") + native_job.extra(plain)
-    baseline = native_job.baseline(plain) if native_job.baseline else []
-    if seed is None:
-        native = engine.native(prompt, job, NEW_TOKENS)
-        unprocessed = engine.greedy(prompt, baseline) if baseline else plain
-        ours = engine.greedy(prompt, ours_processors)
-    else:
-        native = engine.native(prompt, job, SAMPLED_TOKENS, seed)
-        unprocessed = engine.sampled(prompt, baseline, SAMPLED_TOKENS, seed)
-        ours = engine.sampled(prompt, ours_processors, SAMPLED_TOKENS, seed)
-    assert native != unprocessed, f"{case}: transformers' own {sorted(job)} changed nothing"
-    assert ours == native, f"{case}:\nours   {ours}\nnative {native}"
-    if native_job.holds:
-        native_job.holds(ours, unprocessed)
-
-
-@pytest.mark.parametrize("case", _generation_cases())
-def test_generate_gives_the_plain_loops_tokens_on_the_device(engine: Any, case: str) -> None:
-    from test_support.generation_cases import (
-        COUNTING,
-        CROSS_ENGINE_CASES,
-        WITHOUT_THE_PROCESSOR,
-        check_watermark_detected,
-    )
-
-    if case in STRUCTURED and not HAS_LLGUIDANCE:
-        pytest.skip("llguidance is not installed: the structured processors need it")
-    prompt = engine.encode(COUNTING)
-    plain = engine.greedy(prompt)
-    processors = CROSS_ENGINE_CASES[case]
-    without = WITHOUT_THE_PROCESSOR.get(case, lambda plain: [])
-    expected = engine.step_by_step(prompt, processors(plain))
-    assert expected != engine.step_by_step(prompt, without(plain)), f"{case} changed nothing"
-    ours = engine.greedy(prompt, processors(plain))
-    assert ours != plain, f"{case} did not change generate's output"
-    assert ours == expected
-    check_watermark_detected(case, ours, plain)
-
-
-def generate_batch(engine: Any, prompts: list[str], processors: list[Any], n: int) -> list[Any]:
-    """New token ids of each prompt, left-padded into one batch on the device, greedy,
-    through a list of transformers logits processors."""
-    import transformers
-
-    eos = engine.tokenizer.eos_token_id
-    rows = [engine.encode(prompt) for prompt in prompts]
-    width = max(map(len, rows))
-    ids = torch.tensor([[eos] * (width - len(r)) + r for r in rows], device=DEVICE)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=DEVICE)
-    output = engine.model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=n,
-        logits_processor=transformers.LogitsProcessorList(processors),
-        pad_token_id=eos,
-        do_sample=False,
-        temperature=1.0,
-        top_k=None,
-        top_p=1.0,
-    )
-    return output[:, width:].tolist()
-
-
-def test_no_repeat_ngram_and_a_composed_hook_on_a_padded_batch(engine: Any) -> None:
-    from transformers import (
-        NoRepeatNGramLogitsProcessor,
-        RepetitionPenaltyLogitsProcessor,
-        SuppressTokensLogitsProcessor,
-    )
-
-    from anylogits import NoRepeatNGram, RepetitionPenalty, SuppressTokens, for_transformers
-    from test_support.generation_cases import COUNTING
-
-    prompts = [COUNTING, "the cat the cat the cat the cat"]
-    plain = generate_batch(engine, prompts, [], 24)
-    jobs = [
-        ([NoRepeatNGramLogitsProcessor(2)], [NoRepeatNGram(2)]),
-        (
-            [
-                RepetitionPenaltyLogitsProcessor(1.3),
-                NoRepeatNGramLogitsProcessor(3),
-                SuppressTokensLogitsProcessor([16], device=DEVICE),
-            ],
-            [RepetitionPenalty(1.3), NoRepeatNGram(3), SuppressTokens([16])],
-        ),
-    ]
-    for natives, ours in jobs:
-        native = generate_batch(engine, prompts, natives, 24)
-        hooked = generate_batch(engine, prompts, [for_transformers(*ours)], 24)
-        assert native != plain, f"{natives} changed nothing"
-        assert hooked == native, f"\nours   {hooked}\nnative {native}"

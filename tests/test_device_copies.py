@@ -6,7 +6,7 @@ The logits (and whatever the engine keeps on the device) are
 the CPU, so every processor takes its accelerator branch, while their values live on the
 CPU, so each result is compared with the same call on CPU tensors. Counted per call:
 host->device copies, blocking or not, and device->host reads (see
-``test_support/emulated_device.py``). The budget per steady-state step (after two
+``test_support/emulated_device/``). The budget per steady-state step (after two
 warm-up calls): no blocking copy at all, and no device read but those pinned in
 :data:`DEVICE_READS`, each with its reason and what vLLM itself does there.
 
@@ -97,7 +97,7 @@ def run_steps(
         torch.testing.assert_close(host_values(actual), expected, rtol=0, atol=0, equal_nan=True)
         assert not transfers.unclassified, (
             f"device operations the emulation has not classified: {transfers.unclassified} "
-            f"at {dict(transfers.where)}; classify each in test_support/emulated_device.py"
+            f"at {dict(transfers.where)}; classify each in test_support/emulated_device/ops.py"
         )
         rows.commit(expected)
     return worst(each_step[WARM_UP:])

@@ -6,6 +6,7 @@ read no tensor on the host."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -19,9 +20,25 @@ from torch.overrides import TorchFunctionMode
 from anylogits import Pipeline
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import Candidates, FastPaths
+from anylogits.core.fused_forms import (
+    FusedForm,
+    OutputPenaltyKind,
+    RepetitionPenaltyForm,
+    TokenListKind,
+    TokenLists,
+    Truncation,
+    TruncationKind,
+)
+from anylogits.core.launch_plan import (
+    FusedBiasAndBans,
+    FusedOutputPenalties,
+    FusedTruncation,
+    launch_plan,
+)
 from anylogits.core.pipeline import run_on_candidates
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import forbid_host_sync
+from anylogits.core.transfer import DeviceCopies
 from anylogits.processors._ops import probabilities, top_logits
 from anylogits.processors.adaptive_truncation import (
     EpsilonCutoff,
@@ -30,7 +47,9 @@ from anylogits.processors.adaptive_truncation import (
     TopNSigma,
     TypicalP,
 )
-from anylogits.processors.penalties import RepetitionPenalty
+from anylogits.processors.bans import SuppressTokens
+from anylogits.processors.bias import LogitBias
+from anylogits.processors.penalties import FrequencyPenalty, PresencePenalty, RepetitionPenalty
 from anylogits.processors.temperature import Temperature
 from anylogits.processors.truncation import MinP, TopK, TopP
 from test_support.host_reads import HostReads, TorchCalls
@@ -375,3 +394,123 @@ def test_top_logits_sort_only_the_chosen_chunks_of_a_long_row() -> None:
     assert widths == [100, 4 * 64]
     assert values.tolist() == [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.0]]
     assert columns.tolist() == [[3, 700, 701, 6399], [6300, 128, 64, 0]]
+
+
+class _UsersTopK(FastPaths):
+    """A user's top-k, declaring the truncation kernel's form as :class:`TopK` does."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return TopK(self.k).process(logits, batch)
+
+    def fused_form(self) -> FusedForm | None:
+        return Truncation(TruncationKind.TOP_K, self.k)
+
+
+class _Undeclared(_UsersTopK):
+    """A subclass that changes what its base does, so declares no form."""
+
+    def fused_form(self) -> FusedForm | None:
+        return None
+
+
+class _UsersRepetitionPenalty(RepetitionPenalty):
+    """A user's subclass of a catalogue processor, declaring its form itself."""
+
+    def fused_form(self) -> FusedForm | None:
+        return RepetitionPenaltyForm(self.penalty, self.context_size)
+
+
+class _UsersBans(FastPaths):
+    """A user's banned ids, declaring the sparse kernel's form."""
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = torch.tensor(token_ids)
+        self.offsets = DeviceCopies(torch.tensor([0, len(token_ids)]))
+
+    def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return logits.index_fill_(1, self.token_ids.to(logits.device), float("-inf"))
+
+    def fused_form(self) -> FusedForm | None:
+        return TokenLists(TokenListKind.BANS, self._ids, self.offsets)
+
+    def _ids(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.token_ids.to(logits.device)
+
+
+def planned(processors: list[LogitsProcessor]) -> list[tuple[str, int, dict[str, Any]]]:
+    """Each step of ``processors``' launch plan: its kind, how many processors it covers,
+    and what it launches with (its attributes, the processors and forms aside)."""
+    aside = {"processors", "kinds", "_parameters"}
+    return [
+        (
+            type(step).__name__,
+            len(getattr(step, "processors", (step,))),
+            {key: value for key, value in vars(step).items() if key not in aside},
+        )
+        for step in launch_plan(processors) or ()
+    ]
+
+
+def test_a_users_processor_declaring_a_fused_form_is_planned_as_the_catalogues() -> None:
+    """The plan reads declarations only: a user's processors that declare the forms of
+    TopK, RepetitionPenalty and SuppressTokens get the catalogue's launches."""
+    catalogue = planned(
+        [RepetitionPenalty(1.3, 64), Temperature(0.5), TopK(5), MinP(0.1), SuppressTokens([4])]
+    )
+    users = planned(
+        [
+            _UsersRepetitionPenalty(1.3, 64),
+            Temperature(0.5),
+            _UsersTopK(5),
+            MinP(0.1),
+            _UsersBans([4]),
+        ]
+    )
+    assert [step[:2] for step in users] == [
+        ("FusedRepetitionPenalty", 1),
+        ("FusedTruncation", 3),
+        ("FusedBiasAndBans", 1),
+    ]
+    assert users == catalogue
+    # A subclass that declares nothing is never fused.
+    assert launch_plan([_Undeclared(5), MinP(0.1, min_tokens_to_keep=2)]) is None
+
+
+def test_stacked_rows_are_planned_from_their_declarations() -> None:
+    """vLLM's grouped rows (``stack``) declare their per-row parameters: the same
+    launches as the processors they stack, with one value a row."""
+    temperature = Temperature.stack([Temperature(0.5), Temperature(2.0)])
+    top_k = TopK.stack([TopK(3), TopK(7, min_tokens_to_keep=9)])
+    min_p = MinP.stack([MinP(0.1), MinP(0.2)])
+    (step,) = launch_plan([temperature, top_k, min_p]) or ()
+    assert isinstance(step, FusedTruncation)
+    assert step.values == {
+        TruncationKind.TEMPERATURE: temperature.parameters["divisors"],
+        TruncationKind.TOP_K: top_k.parameters["ks"],
+        TruncationKind.MIN_P: min_p.parameters["min_ps"],
+        TruncationKind.TOP_P: 1.0,
+    }
+    assert step.values[TruncationKind.TOP_K].host.tolist() == [3, 9]
+    assert (step.temperature_first, step.k_before_p, step.min_p_before_p) == (True, True, True)
+    # The kernel keeps no minimum number of tokens: such rows run as they are.
+    keeping = MinP.stack([MinP(0.1, min_tokens_to_keep=2), MinP(0.2, min_tokens_to_keep=2)])
+    assert [type(s) for s in launch_plan([keeping, TopK(3)]) or ()] == [
+        type(keeping),
+        FusedTruncation,
+    ]
+    presence = PresencePenalty.stack([PresencePenalty(0.5), PresencePenalty(-1.0)])
+    frequency = FrequencyPenalty.stack([FrequencyPenalty(0.25), FrequencyPenalty(1.0)])
+    (penalties,) = launch_plan([frequency, presence]) or ()
+    assert isinstance(penalties, FusedOutputPenalties)
+    assert penalties.kinds == [OutputPenaltyKind.FREQUENCY, OutputPenaltyKind.PRESENCE]
+    assert penalties.values[OutputPenaltyKind.PRESENCE] is presence.parameters["penalty"]
+    # A stacked repetition penalty has no kernel (its per-row penalties are not one value).
+    assert launch_plan([RepetitionPenalty.stack([RepetitionPenalty(1.2)] * 2)]) is None
+    bias = LogitBias.stack([LogitBias({1: 2.0}), LogitBias({})])
+    bans = SuppressTokens.stack([SuppressTokens([]), SuppressTokens([3])])
+    (sparse,) = launch_plan([bias, bans]) or ()
+    assert isinstance(sparse, FusedBiasAndBans)
+    assert sparse.processors == (bias, bans)

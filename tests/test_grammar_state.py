@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 llguidance = pytest.importorskip("llguidance")
 
 from anylogits import Regex, Vocabulary  # noqa: E402
-from anylogits.processors.structured.engine import LLGuidanceEngine  # noqa: E402
+from anylogits.processors.structured.engine import COMPILED, LLGuidanceEngine  # noqa: E402
 from anylogits.processors.structured.mask import pack_bits  # noqa: E402
 from anylogits.processors.structured.state import GrammarCursor, fill_bitmask  # noqa: E402
 
@@ -130,6 +130,19 @@ def test_a_forbidden_token_ends_only_the_sequences_that_took_it() -> None:
         ENDED.tolist(),
         fresh_mask(engine, Regex("a+").grammar, [0, 0]),
     ]
+
+
+def test_the_first_sequence_takes_the_matcher_that_computed_the_first_mask() -> None:
+    engine = LLGuidanceEngine()
+    grammar = Regex("(ab)+c").grammar
+    COMPILED.clear()
+    [spare] = engine._compiled(grammar, VOCAB).spare
+    first, second = engine.start(grammar, VOCAB), engine.start(grammar, VOCAB)
+    # No copy for the first sequence: a request's first mask is one copy cheaper.
+    assert first is spare and second is not spare
+    # Each its own: the first's tokens leave the second before any token.
+    assert first.try_consume_tokens([3, 2]) == 2  # "ab", "c"
+    assert second.try_consume_tokens([2]) == 0 and second.try_consume_tokens([3]) == 1
 
 
 def test_a_row_packed_from_ids_equals_the_packed_bool_row() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -24,15 +25,31 @@ BACKENDS = (
 )
 
 
+def printed_json(code: str) -> Any:
+    """What a fresh interpreter running ``code`` prints, as JSON."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    return json.loads(result.stdout)
+
+
 def test_import_anylogits_imports_no_backend() -> None:
     code = (
         "import json, sys, anylogits, anylogits.core, anylogits.processors, anylogits.serving; "
         f"print(json.dumps([m for m in {list(BACKENDS)!r} if m in sys.modules]))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    assert printed_json(code) == []
+
+
+def test_the_testing_package_imports_no_engine_until_a_name_is_used() -> None:
+    # The engines use the tiny model: importing it must not import them (nor torch).
+    code = (
+        "import json, sys, anylogits.testing, anylogits.testing.tiny_model; "
+        "before = [m for m in ('torch', 'anylogits.engines') if m in sys.modules]; "
+        "anylogits.testing.check_processor; "
+        "print(json.dumps([before, 'anylogits.engines.backends' in sys.modules]))"
     )
-    assert json.loads(result.stdout) == []
+    assert printed_json(code) == [[], True]
 
 
 def test_catalogue_names_are_importable_from_the_top_level() -> None:
@@ -64,10 +81,7 @@ def test_a_structured_processor_is_built_without_torch_compile() -> None:
         "Regex('[0-9]+'); "
         "print(json.dumps([m for m in ('torch._dynamo', 'llguidance.torch') if m in sys.modules]))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert json.loads(result.stdout) == []
+    assert printed_json(code) == []
 
 
 @pytest.mark.parametrize(
@@ -110,7 +124,4 @@ def test_import_anylogits_imports_nothing_until_a_name_is_used() -> None:
         "import json, sys, anylogits; before = 'torch' in sys.modules; "
         "anylogits.TopK; print(json.dumps([before, 'torch' in sys.modules]))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert json.loads(result.stdout) == [False, True]
+    assert printed_json(code) == [False, True]

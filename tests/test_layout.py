@@ -114,6 +114,70 @@ def test_core_has_no_import_loop() -> None:
         visit(module, ())
 
 
+def _imported_names(path: Path, *, type_checking: bool) -> set[str]:
+    """Every module ``path`` imports, wherever the import sits, as dotted names (``from a
+    import b`` gives ``a`` and ``a.b``); under ``if TYPE_CHECKING:`` too when
+    ``type_checking``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skipped = (
+        set()
+        if type_checking
+        else {
+            id(child)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for child in ast.walk(node)
+        }
+    )
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+def test_the_processor_contract_stands_below_the_registry_and_the_spec_format() -> None:
+    """The registry and the spec format use the processor contract, never the reverse:
+    not at module level, not in a function, not for type checking (they install
+    themselves on it, see anylogits.core's docstring). A batch keys states by the
+    processor object, so it needs no processor either."""
+    core = Path(anylogits.__file__).parent / "core"
+    contract = _imported_names(core / "processor.py", type_checking=True)
+    for above in ("registry", "specs"):
+        assert f"anylogits.core.{above}" not in contract, f"processor.py imports {above}"
+    batch = _imported_names(core / "batch.py", type_checking=True)
+    assert "anylogits.core.processor" not in batch
+    graph = _core_imports()
+    assert "processor" in graph["registry"] and "processor" in graph["specs"]
+
+
+def test_the_testing_package_stands_below_the_engines() -> None:
+    """The engines use the tiny model, so ``anylogits.testing`` imports no engine; only
+    what picks engines by name stands above them: the pytest plugin (a package of its
+    own) and ``check_processor`` (defined in ``anylogits.engines.check_backends``)."""
+    package = Path(anylogits.__file__).parent
+    above = package / "testing" / "pytest_plugin"
+    for path in sorted((package / "testing").rglob("*.py")):
+        if above in path.parents:
+            continue
+        for name in _imported_names(path, type_checking=False):
+            assert not name.startswith(("anylogits.engines", "anylogits.testing.pytest_plugin")), (
+                f"{path.relative_to(package)} imports {name}"
+            )
+    for path in sorted((package / "engines").rglob("*.py")):
+        for name in _imported_names(path, type_checking=True):
+            assert not name.startswith("anylogits.testing.pytest_plugin"), (
+                f"{path.relative_to(package)} imports {name}"
+            )
+
+
 def _imported_modules(path: Path) -> list[str]:
     """Every module ``path`` imports, wherever the import sits."""
     import ast
@@ -125,6 +189,26 @@ def _imported_modules(path: Path) -> list[str]:
         elif isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
     return names
+
+
+def _house() -> dict:
+    """``tools/house.py``'s drawing of the package (rooms, floors, arrows, circles)."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "tools" / "house.py"
+    spec = importlib.util.spec_from_file_location("house", path)
+    assert spec is not None and spec.loader is not None
+    house = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(house)
+    return house.draw()
+
+
+def test_the_rooms_of_the_package_form_no_circle_and_the_kernels_stand_on_the_ground() -> None:
+    house = _house()
+    assert house["circles"] == [], house["circles"]
+    assert house["arrows_up"] == [], house["arrows_up"]
+    # The kernels import only torch and triton: the core hands them what they need.
+    assert "kernels" in house["by_floor"][0]
 
 
 def test_unit_tests_do_not_import_the_conformance_suite() -> None:

@@ -329,17 +329,8 @@ def test_gen_length_complete_sentences_boosts_only_after_a_sentence_end() -> Non
     assert out[:, phrases.END].tolist() == pytest.approx([0.2, 0.0])
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("processor", GEN_LENGTH_EXAMPLES, ids=repr)
-def test_gen_length_rows_that_move_fork_and_join_match_each_sequence_run_alone(
-    processor: GenLength, seed: int
+@phrases.across_sequence_checks(GEN_LENGTH_EXAMPLES)
+def test_gen_length_sequences_match_however_their_rows_move_and_calls_skip(
+    check: phrases.SequenceCheck, processor: GenLength, seed: int
 ) -> None:
-    phrases.assert_rows_match_each_sequence_run_alone(processor, seed)
-
-
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("processor", GEN_LENGTH_EXAMPLES, ids=repr)
-def test_gen_length_sequences_resumed_after_skipped_calls_match_step_by_step(
-    processor: GenLength, seed: int
-) -> None:
-    phrases.assert_resumed_sequences_match_step_by_step(processor, seed)
+    check(processor, seed)

@@ -383,3 +383,35 @@ def test_a_type_of_in_process_objects_is_not_offered_where_specs_are_written() -
     listed = {entry["spec_name"] for entry in catalogue_entries()}
     assert "top_k" in listed and SPEC_NAME not in listed
     assert processor_type(SPEC_NAME).__name__ == "TransformersProcessor"  # still runs here
+
+
+def test_a_spec_name_already_used_fails_the_class_statement() -> None:
+    # Checked as the class is defined (the registry watches every processor class), so
+    # a clash never reaches a spec; a plugin's name is checked against the catalogue's.
+    from anylogits import LogitsProcessor
+    from anylogits.core.registry import registered_type
+
+    with pytest.raises(TypeError) as raised:
+
+        class ClashingTopK(LogitsProcessor):
+            spec_name = "top_k"
+
+    assert str(raised.value) == (
+        "spec_name 'top_k' of test_a_spec_name_already_used_fails_the_class_statement."
+        "<locals>.ClashingTopK is already used by TopK; choose another spec_name"
+    )
+    registered = registered_type("top_k")
+    assert registered is not None and registered.__name__ == "TopK"
+
+
+def test_every_processor_class_defined_is_registered_as_it_is_defined() -> None:
+    from anylogits import LogitsProcessor
+    from anylogits.core.registry import registered_type
+
+    class Defined(LogitsProcessor):
+        spec_name = "test_registry.defined"
+
+    class Subclassed(Defined):
+        pass  # no spec_name of its own: registers nothing
+
+    assert registered_type("test_registry.defined") is Defined

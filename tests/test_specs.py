@@ -45,6 +45,12 @@ def test_spec_round_trips_through_json(processor: LogitsProcessor) -> None:
     assert type(processor).from_spec(wire).to_spec() == spec
 
 
+def test_a_class_builds_only_specs_of_its_own_type() -> None:
+    assert isinstance(LogitsProcessor.from_spec({"type": "top_k", "top_k": 3}), TopK)
+    with pytest.raises(ValueError, match="spec type 'temperature' builds Temperature, not TopK"):
+        TopK.from_spec({"type": "temperature", "temperature": 0.5})
+
+
 def test_spec_strings_are_parsed() -> None:
     assert from_spec('{"type": "top_k", "top_k": 3}').config()["top_k"] == 3
 

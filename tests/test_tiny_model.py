@@ -24,6 +24,7 @@ for _module in ("transformers", "tokenizers", "gguf", "safetensors"):
 import torch  # noqa: E402
 
 from anylogits.testing import tiny_model as tm  # noqa: E402
+from anylogits.testing.tiny_model.weights import layer_sizes  # noqa: E402
 
 # A golden slice of the default weights: if make_weights changes on purpose, bump
 # BUILDER_VERSION (cached folders and other formats built from the old weights become
@@ -197,15 +198,7 @@ def test_weights_are_seeded_and_stable() -> None:
     from transformers import LlamaConfig
 
     spec = tm.TinyModelSpec()
-    config = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-    )
+    config = LlamaConfig(vocab_size=1000, **layer_sizes(spec))
     a, b = tm.make_weights(spec, config), tm.make_weights(spec, config)
     c = tm.make_weights(tm.TinyModelSpec(seed=1), config)
     assert a.keys() == b.keys() == c.keys()

@@ -75,6 +75,21 @@ def test_rollback_of_rejected_draft_tokens_is_a_lookup(probe: GeneratedHashBias)
     assert probe.init_calls == 1
 
 
+def test_decoding_again_over_a_rolled_back_prefix_reuses_its_nodes(
+    probe: GeneratedHashBias,
+) -> None:
+    tracker = SequenceTracker([probe])
+    for row in ([3], [3, 1], [3, 1, 4], [3, 1, 4, 1]):
+        tracker.locate(torch.tensor([row]))
+    advances = probe.advance_calls
+    # Rolled back two tokens (a lookup), then the same two tokens decoded again (calls
+    # that extend the last): each finds the node it made the first time.
+    for row in ([3, 1], [3, 1, 4], [3, 1, 4, 1]):
+        [node] = tracker.locate(torch.tensor([row]))
+        assert node.states[0] == generated_hash(row[1:])
+    assert probe.advance_calls == advances
+
+
 def test_several_tokens_at_once_replay_from_the_longest_known_prefix(
     probe: GeneratedHashBias,
 ) -> None:
@@ -123,6 +138,16 @@ def test_finished_sequences_are_freed(probe: GeneratedHashBias) -> None:
             row.append(token)
             states_of(tracker, [row])
     assert len(tracker) <= 4 * 2  # a bounded window, not 50 * 11 nodes
+
+
+def test_finished_sequences_decoded_call_after_call_are_freed(probe: GeneratedHashBias) -> None:
+    tracker = SequenceTracker([probe], max_idle_calls=4)
+    for request in range(50):  # each call extends the last: nodes kept unregistered
+        row = [100 + request]
+        for token in range(10):
+            row.append(token)
+            tracker.locate(torch.tensor([row]))
+    assert len(tracker) <= 4 * 2
 
 
 def test_per_step_python_work_does_not_grow_with_length(

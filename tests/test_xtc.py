@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from truncation_fixtures import (
-    DTYPES,
-    NEG_INF,
-    assert_keeps_the_dtype_and_only_removes_tokens,
-    assert_spec_round_trip_rebuilds_an_equal_processor,
-)
+from truncation_fixtures import NEG_INF, RemovingProcessorChecks
 
-from anylogits import LogitsProcessor, Pipeline, Vocabulary
+from anylogits import Pipeline, Vocabulary
 from anylogits.processors.xtc import XTC
 
 
@@ -37,17 +32,8 @@ def test_bad_arguments_raise_value_errors_naming_the_value(build, message: str) 
 PROCESSORS = [XTC(0.1, 0.5, seed=12345678901234567890, protected_token_ids=[2, 0])]
 
 
-@pytest.mark.parametrize("processor", PROCESSORS, ids=lambda p: type(p).__name__)
-def test_spec_round_trip_rebuilds_an_equal_processor(processor: LogitsProcessor) -> None:
-    assert_spec_round_trip_rebuilds_an_equal_processor(processor)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("processor", PROCESSORS, ids=lambda p: type(p).__name__)
-def test_processors_keep_the_dtype_and_only_remove_tokens(
-    processor: LogitsProcessor, dtype: torch.dtype
-) -> None:
-    assert_keeps_the_dtype_and_only_removes_tokens(processor, dtype)
+class TestRemovingProcessors(RemovingProcessorChecks):
+    processors = PROCESSORS
 
 
 def xtc_row(*probabilities: float) -> torch.Tensor:

@@ -1,11 +1,13 @@
 """Checks every processor that only removes tokens must pass, shared by
-``test_adaptive_truncation`` and ``test_xtc``."""
+``test_adaptive_truncation`` and ``test_xtc`` (as tests: :class:`RemovingProcessorChecks`)."""
 
 from __future__ import annotations
 
 import json
 import math
+from typing import ClassVar
 
+import pytest
 import torch
 
 from anylogits import LogitsProcessor, Pipeline, from_spec
@@ -36,3 +38,22 @@ def assert_keeps_the_dtype_and_only_removes_tokens(
     assert bool((out != NEG_INF).any(-1).all())
     if processor.argmax_invariant:
         assert torch.equal(out.argmax(-1), logits.argmax(-1))
+
+
+class RemovingProcessorChecks:
+    """The checks above as tests: a module's ``TestRemovingProcessors(RemovingProcessorChecks)``
+    names its ``processors``, and each test is parametrized over them."""
+
+    processors: ClassVar[list[LogitsProcessor]]
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        metafunc.parametrize("processor", self.processors, ids=lambda p: type(p).__name__)
+
+    def test_spec_round_trip_rebuilds_an_equal_processor(self, processor: LogitsProcessor) -> None:
+        assert_spec_round_trip_rebuilds_an_equal_processor(processor)
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+    def test_processors_keep_the_dtype_and_only_remove_tokens(
+        self, processor: LogitsProcessor, dtype: torch.dtype
+    ) -> None:
+        assert_keeps_the_dtype_and_only_removes_tokens(processor, dtype)

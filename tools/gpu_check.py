@@ -8,9 +8,10 @@ process with a time limit, and says what each gave:
    history on the host), the third decode step under
    ``torch.cuda.set_sync_debug_mode("error")``, results equal to the CPU's; vLLM's V2
    runner's step (device-resident histories, placeholder drafts, a grammar beside a long
-   request); transformers' ``generate`` on the tiny model on ``cuda``, anylogits against
-   transformers' own processors; ``tests/test_kernels.py``: the Triton kernels compiled,
-   against the torch processors, and the planned chain under ``"error"``;
+   request); ``tests/test_cuda_generate.py``: transformers' ``generate`` on the tiny
+   model on ``cuda``, anylogits against transformers' own processors;
+   ``tests/test_kernels.py``: the Triton kernels compiled, against the torch processors,
+   and the planned chain under ``"error"``;
 2. ``demo``: ``anylogits demo --device cuda --model tiny --backend transformers``;
 3. ``vllm``: vLLM's conformance levels, when vLLM is installed;
 4. ``bench``: ``asv_bench/benchmarks/bench_gpu.py``'s measurement (anylogits' hook
@@ -217,7 +218,8 @@ def run_all(out: Path | None, prepared: Path | None, steps: Sequence[str], devic
             env["ANYLOGITS_GPU_TEST_DEVICE"] = device
         if "tests" in steps:
             command = [
-                python, "-m", "pytest", "tests/test_cuda.py", "tests/test_kernels.py",
+                python, "-m", "pytest", "tests/test_cuda.py", "tests/test_cuda_generate.py",
+                "tests/test_kernels.py",
                 "-q", "-rfEs",
                 "-p", "no:cacheprovider",
                 # Another transformers than the development machines' may warn: report,

@@ -18,31 +18,36 @@ each step's, ours over llguidance's):
   ``LLMatcher`` with the same parser limits, ``fill_next_token_bitmask`` and
   ``apply_token_bitmask_inplace``. Each side's least of :data:`FIRST_MASK_REPEATS`
   tries, as ``timeit`` reports.
-- ``mask_b1``, ``mask_b32``, ``mask_b32_in_place``: one decoding step along a real
-  instance, with 1 and 32 rows. Each schema's path is the first :data:`PATH_TOKENS`
-  tokens of its example instance (``test_support.schema_examples``: required properties,
-  up to :data:`OPTIONAL_KEYS` optional scalar ones per object, one item per list; valid
-  under what lenient mode enforces), as the vocabulary's tokenizer writes its
-  ``json.dumps`` text (the grammar's layout), and accepted token by token by llguidance.
-  Ours: the transformers hook fed the growing ``(B, L)`` history as ``generate`` feeds it
-  (each row starting from its own prompt token, so rows are distinct sequences; every
-  call's mask must allow the path's next token, or the comparison would be void);
-  ``mask_b32`` keeps transformers' scores (the hook's default: the masked logits go to
-  another tensor), ``mask_b32_in_place`` masks them (``in_place=True``), as llguidance
-  does. Direct: ``fill_next_token_bitmask`` (B=1) or ``fill_next_token_bitmask_par``
-  (B=32), ``apply_token_bitmask_inplace`` and ``consume_token`` per row. The first mask
-  (the prompt's) is left out: ``first_mask`` measures it.
+- ``mask_b1``, ``mask_b1_in_place``, ``mask_b32``, ``mask_b32_in_place``: one decoding
+  step along a real instance, with 1 and 32 rows. Each schema's path is the first
+  :data:`PATH_TOKENS` tokens of its example instance (``test_support.schema_examples``:
+  required properties, up to :data:`OPTIONAL_KEYS` optional scalar ones per object, one
+  item per list; valid under what lenient mode enforces), as the vocabulary's tokenizer
+  writes its ``json.dumps`` text (the grammar's layout), and accepted token by token by
+  llguidance. Ours: the transformers hook fed the growing ``(B, L)`` history as
+  ``generate`` feeds it (each row starting from its own prompt token, so rows are
+  distinct sequences; every call's mask must allow the path's next token, or the
+  comparison would be void); ``mask_b1`` and ``mask_b32`` keep transformers' scores (the
+  hook's default: the masked logits go to another tensor), the ``_in_place`` ones mask
+  them (``in_place=True``), as llguidance does. Direct: ``consume_token`` per row,
+  ``fill_next_token_bitmask`` (B=1) or ``fill_next_token_bitmask_par`` (B=32) and
+  ``apply_token_bitmask_inplace``. A step on either side consumes the token the last
+  step allowed, then fills and applies (ours consumes lazily, at the fill): the same
+  work between the same two forwards, so the steps pair up (llguidance's ``consume`` of
+  one token can cost more than its fill, and counted in the step before on one side only
+  it would skew the per-step quantiles). The first mask (the prompt's) is left out:
+  ``first_mask`` measures it.
 - ``mask_b1_after_forward``: ``mask_b1`` with, before each step, a pass over
-  :data:`FORWARD_BYTES` of memory, what a model's forward does to the caches between two
-  masks in generation (back to back, as ``mask_b1``, every step finds the last one's data
-  and code in the caches).
+  ``schema_walks.FORWARD_BYTES`` of memory, what a model's forward does to the caches
+  between two masks in generation (back to back, as ``mask_b1``, every step finds the
+  last one's data and code in the caches).
 - ``requests_b32``: the serving case, 32 requests with a schema each (the 32 longest
   example paths), walked together for as many steps as the shortest path has,
   :data:`REQUEST_REPEATS` times. Ours: ``PersistentBatch``, what vLLM's and transformers'
   continuous-batching adapters run, one request per slot and its tokens pushed as an
   engine pushes them (the requests' grammars stack into one fill and one apply). Direct:
-  the 32 matchers filled at once (``fill_next_token_bitmask_par``), one apply,
-  ``consume_token`` per row.
+  ``consume_token`` per row, the 32 matchers filled at once
+  (``fill_next_token_bitmask_par``), one apply.
 
 Llguidance direct runs with its own tokenizer from the Hugging Face one
 (``llguidance.hf.from_tokenizer``), as its users run it; ours with anylogits' vocabulary
@@ -50,6 +55,7 @@ Llguidance direct runs with its own tokenizer from the Hugging Face one
 alternating, torch on one thread; ``setup_cache`` measures everything once (~2 minutes
 on 2 busy cores) and the ``track_*`` methods read it.
 
+The two sides' timed code is :mod:`schema_walks`.
 ``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table;
 ``... --one-row [VOCAB]`` only ``mask_b1``, each walk three times (:func:`one_row_walks`).
 """
@@ -64,14 +70,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from . import common  # one torch thread, as every benchmark
+from . import schema_walks as sides
 
 VOCABS = ["49k", "128k"]
 MEASURES = [
     "first_mask",
     "mask_b1",
+    "mask_b1_in_place",
     "mask_b1_after_forward",
     "mask_b32",
     "mask_b32_in_place",
@@ -80,24 +86,11 @@ MEASURES = [
 # The walks: (measure, rows, the hook's in_place, a forward's memory pass between steps).
 WALKS = (
     ("mask_b1", 1, False, False),
+    ("mask_b1_in_place", 1, True, False),
     ("mask_b1_after_forward", 1, False, True),
     ("mask_b32", 32, False, False),
     ("mask_b32_in_place", 32, True, False),
 )
-# What a decoding step's forward pass does to the caches between two masks: a pass over
-# this many bytes (SmolLM2-135M's float32 weights are 540 MB; 32 MB already evicts a
-# 2-core machine's caches).
-FORWARD_BYTES = 32 << 20
-_FORWARD: list[torch.Tensor] = []
-
-
-def _forward_pass() -> None:
-    """Evict the caches as a model's forward would between two decoding steps."""
-    if not _FORWARD:
-        _FORWARD.append(torch.ones(FORWARD_BYTES // 4))
-    _FORWARD[0].mul_(1.0)
-
-
 QUANTILES = [50, 95, 99]
 SAMPLE = 40
 LARGEST = 8
@@ -105,7 +98,6 @@ PATH_TOKENS = 64
 # ``requests_b32``: requests (one schema each) in one batch, and walks of them.
 REQUESTS = 32
 REQUEST_REPEATS = 6
-REQUEST_GRAMMAR_CHARS = 4 << 20
 # The example instances: optional scalar properties per object, nesting depth.
 OPTIONAL_KEYS = 4
 MAX_DEPTH = 5
@@ -242,174 +234,6 @@ def example_text(schema: dict) -> str | None:
     return json.dumps(instance)
 
 
-def _clear_compiled() -> None:
-    from anylogits.processors.structured import engine
-
-    engine.COMPILED.clear()
-    engine.VALIDATIONS.clear()
-
-
-def _first_mask_ours(vocab: _Vocab, schema: dict) -> float:
-    from anylogits import JSONSchema, for_transformers
-
-    _clear_compiled()
-    ids = torch.zeros(1, 1, dtype=torch.long)
-    logits = vocab.logits[1].clone()
-    start = time.perf_counter()
-    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf)
-    hook(ids, logits)
-    return time.perf_counter() - start
-
-
-def _first_mask_direct(vocab: _Vocab, schema: dict) -> float:
-    import llguidance.torch
-
-    logits = vocab.logits[1].clone()
-    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
-    start = time.perf_counter()
-    matcher = vocab.matcher(schema)
-    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
-    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
-    return time.perf_counter() - start
-
-
-def _walk_ours(
-    vocab: _Vocab,
-    schema: dict,
-    path: list[int],
-    batch: int,
-    in_place: bool = False,
-    forward: bool = False,
-) -> list[float]:
-    """Seconds per hook call along ``path``, the prompt's call left out."""
-    from anylogits import JSONSchema, for_transformers
-
-    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf, in_place=in_place)
-    ids = torch.arange(batch, dtype=torch.long)[:, None]  # a distinct prompt per row
-    times = []
-    for index in range(len(path) + 1):
-        if index:
-            ids = torch.cat([ids, torch.full((batch, 1), path[index - 1])], 1)
-        logits = vocab.logits[batch].clone()
-        if forward:
-            _forward_pass()
-        start = time.perf_counter()
-        masked = hook(ids, logits)
-        elapsed = time.perf_counter() - start
-        if index:
-            times.append(elapsed)
-        if index < len(path) and not torch.isfinite(masked[:, path[index]]).all():
-            raise RuntimeError(f"token {index} of the path was refused: not comparable")
-    return times
-
-
-def _walk_direct(
-    vocab: _Vocab, schema: dict, path: list[int], batch: int, forward: bool = False
-) -> list[float]:
-    """Seconds per fill + apply + consume along ``path``, the first mask left out."""
-    import llguidance
-    import llguidance.torch
-
-    template = vocab.matcher(schema)
-    matchers = [template.deep_copy() for _ in range(batch)]
-    rows = [(matcher, row) for row, matcher in enumerate(matchers)]
-    executor = llguidance.LLExecutor()
-    bitmask = llguidance.torch.allocate_token_bitmask(batch, vocab.direct_tokenizer.vocab_size)
-    times = []
-    for index in range(len(path) + 1):
-        logits = vocab.logits[batch].clone()
-        if forward:
-            _forward_pass()
-        start = time.perf_counter()
-        if batch == 1:
-            llguidance.torch.fill_next_token_bitmask(matchers[0], bitmask)
-        else:
-            llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
-        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
-        if index < len(path):
-            for matcher in matchers:
-                matcher.consume_token(path[index])
-        elapsed = time.perf_counter() - start
-        if index:
-            times.append(elapsed)
-    if any(matcher.is_error() for matcher in matchers):
-        raise RuntimeError(f"llguidance refused the path: {matchers[0].get_error()}")
-    return times
-
-
-class _Feed:
-    """A request's generated tokens, pushed as an engine pushes them."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-
-    def read(self) -> tuple[bool, list[int]]:
-        tokens, self.pending = self.pending, []
-        return False, tokens
-
-
-def _requests_ours(vocab: _Vocab, walks: list[tuple[dict, list[int]]]) -> list[float]:
-    """Seconds per step of ``PersistentBatch`` (what vLLM's and transformers' continuous
-    batching adapters call) holding one request per walk, each with its own schema: the
-    per-request path, the prompt's call left out."""
-    from anylogits import JSONSchema, to_specs
-    from anylogits.core.limits import override
-    from anylogits.core.persistent_batch import PersistentBatch
-
-    batch = PersistentBatch(vocab.vocabulary)
-    feeds = [_Feed() for _ in walks]
-    # Kubernetes schemas reach 240 KB: an operator serving them raises this limit.
-    with override(grammar_chars=REQUEST_GRAMMAR_CHARS):
-        for slot, ((schema, _), feed) in enumerate(zip(walks, feeds, strict=True)):
-            specs = to_specs([JSONSchema(schema, lenient=True)])
-            if not batch.put(slot, specs, prompt_ids=[slot], output=feed):
-                raise RuntimeError("a request has no processors")
-    steps = min(len(path) for _, path in walks)
-    logits = vocab.logits[len(walks)]
-    times = []
-    for index in range(steps + 1):
-        if index:
-            for feed, (_, path) in zip(feeds, walks, strict=True):
-                feed.pending = [path[index - 1]]
-        rows = logits.clone()
-        start = time.perf_counter()
-        batch.process(rows)
-        elapsed = time.perf_counter() - start
-        if index:
-            times.append(elapsed)
-        if index < steps:
-            allowed = rows[torch.arange(len(walks)), [path[index] for _, path in walks]]
-            if not torch.isfinite(allowed).all():
-                raise RuntimeError(f"token {index} of a path was refused: not comparable")
-    return times
-
-
-def _requests_direct(vocab: _Vocab, walks: list[tuple[dict, list[int]]]) -> list[float]:
-    """llguidance's batch path for the same requests: every matcher filled at once
-    (``fill_next_token_bitmask_par``), one apply, ``consume_token`` per row."""
-    import llguidance
-    import llguidance.torch
-
-    matchers = [vocab.matcher(schema) for schema, _ in walks]
-    rows = [(matcher, row) for row, matcher in enumerate(matchers)]
-    executor = llguidance.LLExecutor()
-    bitmask = llguidance.torch.allocate_token_bitmask(len(walks), vocab.direct_tokenizer.vocab_size)
-    steps = min(len(path) for _, path in walks)
-    times = []
-    for index in range(steps + 1):
-        logits = vocab.logits[len(walks)].clone()
-        start = time.perf_counter()
-        llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
-        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
-        if index < steps:
-            for matcher, (_, path) in zip(matchers, walks, strict=True):
-                matcher.consume_token(path[index])
-        elapsed = time.perf_counter() - start
-        if index:
-            times.append(elapsed)
-    return times
-
-
 def _warm_up(vocab: _Vocab) -> None:
     """Both sides' apply kernels (llguidance's and ours at B >= 2 are ``torch.compile``d)
     and lazily built state, on a small schema, untimed."""
@@ -417,10 +241,10 @@ def _warm_up(vocab: _Vocab) -> None:
     path = vocab.path(schema)
     assert path is not None
     for batch in (1, 32):
-        _walk_ours(vocab, schema, path, batch)
-        _walk_direct(vocab, schema, path, batch)
-    _first_mask_ours(vocab, schema)
-    _first_mask_direct(vocab, schema)
+        sides.walk_ours(vocab, schema, path, batch)
+        sides.walk_direct(vocab, schema, path, batch)
+    sides.first_mask_ours(vocab, schema)
+    sides.first_mask_direct(vocab, schema)
 
 
 def _pair(ours: Callable[..., Any], direct: Callable[..., Any], swap: bool, *args: Any) -> tuple:
@@ -449,7 +273,13 @@ def measure(
         for index, corpus_schema in enumerate(schemas):
             schema, swap = corpus_schema.schema, bool(index % 2)
             pairs = [
-                _pair(_first_mask_ours, _first_mask_direct, swap != bool(repeat % 2), vocab, schema)
+                _pair(
+                    sides.first_mask_ours,
+                    sides.first_mask_direct,
+                    swap != bool(repeat % 2),
+                    vocab,
+                    schema,
+                )
                 for repeat in range(FIRST_MASK_REPEATS)
             ]
             found["first_mask"][0].append(min(ours for ours, _ in pairs))
@@ -459,10 +289,10 @@ def measure(
                 continue
             for walk, batch, in_place, forward in WALKS:
                 ours_steps, direct_steps = _pair(
-                    lambda *args, in_place=in_place, forward=forward: _walk_ours(
+                    lambda *args, in_place=in_place, forward=forward: sides.walk_ours(
                         *args, in_place=in_place, forward=forward
                     ),
-                    lambda *args, forward=forward: _walk_direct(*args, forward=forward),
+                    lambda *args, forward=forward: sides.walk_direct(*args, forward=forward),
                     swap,
                     vocab,
                     schema,
@@ -480,11 +310,11 @@ def measure(
         if len(walks) == REQUESTS and all(path for _, path in walks):
             for repeat in range(REQUEST_REPEATS):
                 ours_steps, direct_steps = _pair(
-                    _requests_ours, _requests_direct, bool(repeat % 2), vocab, walks
+                    sides.requests_ours, sides.requests_direct, bool(repeat % 2), vocab, walks
                 )
                 found["requests_b32"][0].extend(ours_steps)
                 found["requests_b32"][1].extend(direct_steps)
-        _clear_compiled()
+        sides.clear_compiled()
         times[name] = found
         if progress is not None:
             progress(
@@ -544,18 +374,12 @@ class SchemaCorpus:
         if times is None:
             raise NotImplementedError("needs transformers and llguidance")
 
-    track_ours_p50_us = _reader("ours", 50)
-    track_ours_p95_us = _reader("ours", 95)
-    track_ours_p99_us = _reader("ours", 99)
-    track_direct_p50_us = _reader("direct", 50)
-    track_direct_p95_us = _reader("direct", 95)
-    track_direct_p99_us = _reader("direct", 99)
-    track_ratio_p50 = _reader("ratio", 50)
-    track_ratio_p95 = _reader("ratio", 95)
-    track_ratio_p99 = _reader("ratio", 99)
-    track_paired_ratio_p50 = _reader("paired_ratio", 50)
-    track_paired_ratio_p95 = _reader("paired_ratio", 95)
-    track_paired_ratio_p99 = _reader("paired_ratio", 99)
+
+# track_{ours,direct}_p{50,95,99}_us, track_{ratio,paired_ratio}_p{50,95,99}.
+for _side in ("ours", "direct", "ratio", "paired_ratio"):
+    for _q in QUANTILES:
+        _track = _reader(_side, _q)
+        setattr(SchemaCorpus, _track.__name__, _track)
 
 
 def table(times: Times) -> str:
@@ -596,7 +420,9 @@ def one_row_walks(vocab: str = "49k", repeats: int = 3) -> tuple[list[float], li
     direct: list[float] = []
     for index in range(repeats * len(walks)):
         schema, path = walks[index % len(walks)]
-        mine, theirs = _pair(_walk_ours, _walk_direct, bool(index % 2), found, schema, path, 1)
+        mine, theirs = _pair(
+            sides.walk_ours, sides.walk_direct, bool(index % 2), found, schema, path, 1
+        )
         ours.extend(mine)
         direct.extend(theirs)
     return ours, direct

@@ -2,6 +2,11 @@
 
 Each name is imported from its module on first use, so that a module of this package
 that needs no torch (the registry, the limits) is imported without it.
+
+The registry and the spec format are imported with the package (neither needs torch):
+they stand above the processor contract (:mod:`~anylogits.core.processor` imports
+neither) and install themselves on it, so every processor class is registered, and
+``SomeProcessor.from_spec`` works, from the first class defined.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from anylogits._lazy import lazy_attributes
+from anylogits.core import registry, specs  # noqa: F401  (they install themselves, see above)
 
 if TYPE_CHECKING:
     from anylogits.core.arrays import Converted, from_torch, to_torch

@@ -10,7 +10,6 @@ import torch
 from anylogits.core.transfer import to_device
 
 if TYPE_CHECKING:
-    from anylogits.core.processor import LogitsProcessor
     from anylogits.core.vocab import Vocabulary
 
 TokenSource = torch.Tensor | Callable[[], torch.Tensor]
@@ -139,8 +138,9 @@ class Batch:
     def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if self.device is None else to_device(tensor, self.device)
 
-    def states(self, processor: LogitsProcessor) -> Sequence[Any]:
-        """The states of ``processor`` for each row, in row order."""
+    def states(self, processor: object) -> Sequence[Any]:
+        """The states of ``processor`` (a stateful processor of this call's pipeline) for
+        each row, in row order, found by the processor's identity alone."""
         try:
             return self._states[id(processor)]
         except KeyError:

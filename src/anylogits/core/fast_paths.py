@@ -10,7 +10,9 @@ one kind in vLLM's batch), it may subclass :class:`FastPaths` and implement what
   :meth:`FastPaths.candidates` and :meth:`FastPaths.process_descending`: after a
   truncation that knows its candidates, followers run on the ``(B, K)`` candidates;
 - :meth:`FastPaths.process_into`: the first processor of a pipeline whose caller keeps
-  its logits writes the result straight into the output buffer.
+  its logits writes the result straight into the output buffer;
+- :meth:`FastPaths.fused_form`: a processor a fused kernel applies says which, with its
+  parameters (:mod:`anylogits.core.fused_forms`), and runs in that kernel's launch on CUDA.
 
 Each is a promise checked bit for bit against ``process`` (``tests/test_fast_paths.py``,
 ``tests/test_pipeline.py``). The pipeline reaches every processor through the functions
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from anylogits.core.batch import Batch
+    from anylogits.core.fused_forms import FusedForm
 
 
 class Candidates(NamedTuple):
@@ -100,6 +103,12 @@ class FastPaths(LogitsProcessor):
         ``None`` when it cannot bound the tokens it keeps (the default)."""
         return None
 
+    def fused_form(self) -> FusedForm | None:
+        """The kernel that applies this processor, bit for bit as :meth:`process` (within
+        float rounding at a top-p or min-p boundary), and its parameters; ``None`` (the
+        default) when none does. See :mod:`anylogits.core.fused_forms`."""
+        return None
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
         """One processor applying ``processors[i]`` (all of this class) to row ``i``.
@@ -158,6 +167,11 @@ def stacks_states(processor: LogitsProcessor) -> bool:
     return isinstance(processor, FastPaths) and processor.stacks_states
 
 
+def fused_form(processor: LogitsProcessor) -> FusedForm | None:
+    """:meth:`FastPaths.fused_form` of ``processor`` (``None`` without fast paths)."""
+    return processor.fused_form() if isinstance(processor, FastPaths) else None
+
+
 def stack(kind: type[LogitsProcessor], processors: Sequence[Any]) -> LogitsProcessor | None:
     """:meth:`FastPaths.stack` of ``kind`` for ``processors`` (all of that class); without
     fast paths, the first when all share one configuration (stateful: never)."""
@@ -173,7 +187,8 @@ class RowwiseProcessor(FastPaths):
     where each tensor parameter has one entry (or row) per logits row. ``row_local``,
     ``keeps_order``, ``candidates`` and ``descending`` (functions called like
     ``function``: :meth:`candidates` and :meth:`process_descending`) are those of the
-    stacked class. Internal: it has no spec.
+    stacked class; ``fused``: the stacked rows' :meth:`fused_form`, where a kernel
+    applies them. Internal: it has no spec.
     """
 
     def __init__(
@@ -184,6 +199,7 @@ class RowwiseProcessor(FastPaths):
         keeps_order: bool = False,
         candidates: Callable[..., Candidates | None] | None = None,
         descending: Callable[..., torch.Tensor] | None = None,
+        fused: FusedForm | None = None,
         **parameters: Any,
     ) -> None:
         self.function = function
@@ -191,6 +207,7 @@ class RowwiseProcessor(FastPaths):
         self.keeps_order = keeps_order
         self.candidates_function = candidates
         self.descending_function = descending or function
+        self.fused = fused
         self.parameters = parameters
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -203,6 +220,9 @@ class RowwiseProcessor(FastPaths):
         if self.candidates_function is None:
             return None
         return self.candidates_function(logits, batch, **self.parameters)
+
+    def fused_form(self) -> FusedForm | None:
+        return self.fused
 
     def __repr__(self) -> str:
         return f"RowwiseProcessor({self.function.__name__})"

@@ -3,156 +3,98 @@
 On a CUDA device with kernels on (:func:`anylogits.kernels.kernels_enabled`), a run of
 consecutive processors that one kernel applies together is replaced by one step that
 launches it: the sampling chain's tail, top-k / top-p / min-p with the temperature
-first or last (:mod:`anylogits.kernels.truncation`); the repetition penalty and OpenAI's
+first or last (:mod:`anylogits.kernels.truncation`); the repetition penalty, and OpenAI's
 presence and frequency penalties (:mod:`anylogits.kernels.penalties`); a logit bias with
-suppressed tokens (:mod:`anylogits.kernels.sparse`). Every other processor runs as it
+suppressed tokens (:mod:`anylogits.kernels.sparse`). The plan knows a processor only by
+the form it declares (:meth:`~anylogits.core.fast_paths.FastPaths.fused_form`, see
+:mod:`anylogits.core.fused_forms`), catalogue or not. Every other processor runs as it
 is, and off CUDA the plan is never used: the torch processors stay the reference.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from anylogits.core import fast_paths
-from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.fast_paths import FastPaths
+from anylogits.core.fused_forms import (
+    FusedForm,
+    OutputPenalty,
+    OutputPenaltyKind,
+    RepetitionPenaltyForm,
+    TokenListKind,
+    TokenLists,
+    Truncation,
+    TruncationKind,
+)
 from anylogits.core.processor import LogitsProcessor
+from anylogits.core.transfer import DeviceCopies, to_device
 
 if TYPE_CHECKING:
     from anylogits.core.batch import Batch
+    from anylogits.kernels.sparse import RowLists
 
-_TRUNCATIONS = frozenset({"top_k", "top_p", "min_p"})
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_Form = TypeVar("_Form", Truncation, OutputPenalty, TokenLists)
 
 
 def launch_plan(processors: Sequence[LogitsProcessor]) -> tuple[LogitsProcessor, ...] | None:
     """``processors`` with each run a kernel covers replaced by its fused step; ``None``
     when no run is covered (the plan would be the processors themselves)."""
+    forms = [fast_paths.fused_form(processor) for processor in processors]
     plan: list[LogitsProcessor] = []
     index = 0
     fused = False
     while index < len(processors):
-        end = _covered_run_end(processors, index)
-        if end > index:
-            plan.append(FusedTruncation(processors[index:end]))
-            fused, index = True, end
-        elif type(processors[index]).spec_name == "repetition_penalty":
-            plan.append(FusedRepetitionPenalty(processors[index]))
-            fused, index = True, index + 1
-        elif _output_penalty(processors[index]) is not None:
-            end = _output_penalties_end(processors, index)
-            plan.append(FusedOutputPenalties(processors[index:end]))
-            fused, index = True, end
-        elif _bias_or_bans(processors[index]) is not None:
-            end = index + len(_distinct_kinds(processors[index:], _bias_or_bans))
-            plan.append(FusedBiasAndBans(processors[index:end]))
-            fused, index = True, end
-        else:
+        step = _kernel_step(processors, forms, index)
+        if step is None:
             plan.append(processors[index])
             index += 1
+        else:
+            plan.append(step)
+            fused, index = True, index + len(step.processors)
     return tuple(plan) if fused else None
 
 
-def _fusable(processor: LogitsProcessor) -> str | None:
-    """The kind the truncation kernel applies ``processor`` as, or ``None``: the catalogue
-    processor, or the rows of several stacked into one (vLLM's grouped requests)."""
-    kind = type(processor).spec_name
-    if kind in ("temperature", "top_k"):
-        return kind
-    if kind in ("top_p", "min_p") and processor.config().get("min_tokens_to_keep") == 1:
-        return kind
-    if isinstance(processor, RowwiseProcessor):
-        stacked = _stacked_kinds().get(processor.function)
-        if stacked is not None and processor.parameters.get("min_tokens_to_keep", 1) == 1:
-            return stacked[0]
+def _kernel_step(
+    processors: Sequence[LogitsProcessor], forms: Sequence[FusedForm | None], start: int
+) -> _KernelStep | None:
+    """The step for the longest run from ``start`` that one kernel covers, or ``None``."""
+    form = forms[start]
+    if isinstance(form, Truncation):
+        run = _run_of(forms[start:], Truncation, closing=TruncationKind.TEMPERATURE)
+        # A temperature alone is no truncation: it runs as it is.
+        if all(step.kind == TruncationKind.TEMPERATURE for step in run):
+            return None
+        return FusedTruncation(processors[start : start + len(run)], run)
+    if isinstance(form, RepetitionPenaltyForm):
+        return FusedRepetitionPenalty(processors[start], form)
+    if isinstance(form, OutputPenalty):
+        penalties = _run_of(forms[start:], OutputPenalty)
+        return FusedOutputPenalties(processors[start : start + len(penalties)], penalties)
+    if isinstance(form, TokenLists):
+        lists = _run_of(forms[start:], TokenLists)
+        return FusedBiasAndBans(processors[start : start + len(lists)], lists)
     return None
 
 
-def _output_penalty(processor: LogitsProcessor) -> str | None:
-    """``"presence"`` / ``"frequency"`` for OpenAI's penalties (stacked rows included),
-    else ``None``."""
-    kind = type(processor).spec_name
-    if kind in ("presence_penalty", "frequency_penalty"):
-        return kind.split("_")[0]
-    if isinstance(processor, RowwiseProcessor):
-        return _stacked_output_penalties().get(processor.function)
-    return None
-
-
-def _bias_or_bans(processor: LogitsProcessor) -> str | None:
-    """``"bias"`` for a logit bias, ``"bans"`` for suppressed tokens (stacked rows
-    included), else ``None``."""
-    kind = type(processor).spec_name
-    if kind in ("logit_bias", "suppress_tokens"):
-        return "bias" if kind == "logit_bias" else "bans"
-    if isinstance(processor, RowwiseProcessor):
-        return _stacked_bias_and_bans().get(processor.function)
-    return None
-
-
-def _output_penalties_end(processors: Sequence[LogitsProcessor], start: int) -> int:
-    """The end of the run of OpenAI's penalties from ``start``, each kind once."""
-    return start + len(_distinct_kinds(processors[start:], _output_penalty))
-
-
-def _distinct_kinds(
-    processors: Sequence[LogitsProcessor],
-    kind_of: Callable[[LogitsProcessor], str | None],
-    closing: str | None = None,
-) -> list[str]:
-    """The kinds of ``processors`` from the first on, up to one a kernel does not take
-    (``kind_of`` gives ``None``) or one already seen; ``closing``: a kind that ends the
-    run after it when it is not the first."""
-    kinds: list[str] = []
-    for processor in processors:
-        kind = kind_of(processor)
-        if kind is None or kind in kinds:
+def _run_of(
+    forms: Sequence[FusedForm | None], form_type: type[_Form], closing: Any = None
+) -> list[_Form]:
+    """``forms`` from the first on, up to one not of ``form_type`` (another kernel's, or
+    none) or of a kind already in the run: each kind once. ``closing``: a kind that ends
+    the run after it when it is not the first."""
+    run: list[_Form] = []
+    for form in forms:
+        if not isinstance(form, form_type) or any(form.kind == seen.kind for seen in run):
             break
-        kinds.append(kind)
-        if kind == closing and len(kinds) > 1:
+        run.append(form)
+        if form.kind == closing and len(run) > 1:
             break
-    return kinds
-
-
-@functools.cache
-def _stacked_kinds() -> dict[Any, tuple[str, str]]:
-    """The stacked rows' functions the truncation kernel covers: kind, and the per-row
-    parameter (imported on first use: the processors import the core)."""
-    from anylogits.processors._ops import divide_rows
-    from anylogits.processors.truncation import _min_p_rows, _top_k_rows
-
-    return {
-        _top_k_rows: ("top_k", "ks"),
-        _min_p_rows: ("min_p", "min_ps"),
-        divide_rows: ("temperature", "divisors"),
-    }
-
-
-@functools.cache
-def _stacked_output_penalties() -> dict[Any, str]:
-    """The stacked rows' functions of OpenAI's penalties, by kind."""
-    from anylogits.processors.penalties import _frequency_penalty, _presence_penalty
-
-    return {_presence_penalty: "presence", _frequency_penalty: "frequency"}
-
-
-@functools.cache
-def _stacked_bias_and_bans() -> dict[Any, str]:
-    """The stacked rows' functions of logit biases and suppressed tokens, by kind."""
-    from anylogits.processors._ops import add_rows, suppress_rows
-
-    return {add_rows: "bias", suppress_rows: "bans"}
-
-
-def _covered_run_end(processors: Sequence[LogitsProcessor], start: int) -> int:
-    """The end of the longest run from ``start`` the truncation kernel covers (``start``
-    when none): each kind at most once, at least one truncation, the temperature only
-    first or last (a temperature after truncations ends the run)."""
-    kinds = _distinct_kinds(processors[start:], _fusable, closing="temperature")
-    return start + len(kinds) if _TRUNCATIONS & set(kinds) else start
+    return run
 
 
 class _KernelStep(FastPaths):
@@ -197,26 +139,18 @@ class FusedTruncation(_KernelStep):
     """Top-k, top-p, min-p and a temperature, in the order given, as one kernel launch
     on CUDA (the processors one after another anywhere else)."""
 
-    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+    def __init__(self, processors: Sequence[LogitsProcessor], forms: Sequence[Truncation]) -> None:
         self.processors = tuple(processors)
-        kinds = [_fusable(p) for p in self.processors]
-        # Per kind: a value for every row, or a DeviceCopies of one per row (stacked).
-        values: dict[str | None, Any] = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
-        values["temperature"] = 1.0
-        for kind, processor in zip(kinds, self.processors, strict=True):
-            if isinstance(processor, RowwiseProcessor):
-                values[kind] = processor.parameters[_stacked_kinds()[processor.function][1]]
-            elif kind == "top_k":
-                config = processor.config()
-                values[kind] = max(config["top_k"], config["min_tokens_to_keep"])
-            else:
-                values[kind] = processor.config()[str(kind)]
-        self.values = values
+        kinds = [form.kind for form in forms]
+        # Per kind: a value for every row, or a DeviceCopies of one per row (stacked); a
+        # kind absent keeps every token (a temperature of 1 divides by 1).
+        self.values = dict(_NEUTRAL_VALUES)
+        self.values.update((form.kind, form.value) for form in forms)
         order = {kind: position for position, kind in enumerate(kinds)}
-        p_at = order.get("top_p", len(kinds))
-        self.k_before_p = order.get("top_k", len(kinds)) < p_at
-        self.min_p_before_p = order.get("min_p", len(kinds)) < p_at
-        self.temperature_first = kinds[0] == "temperature"
+        p_at = order.get(TruncationKind.TOP_P, len(kinds))
+        self.k_before_p = order.get(TruncationKind.TOP_K, len(kinds)) < p_at
+        self.min_p_before_p = order.get(TruncationKind.MIN_P, len(kinds)) < p_at
+        self.temperature_first = kinds[0] == TruncationKind.TEMPERATURE
         self._parameters: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def launch(
@@ -239,11 +173,9 @@ class FusedTruncation(_KernelStep):
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The parameters on ``device`` (one-element tensors, or one value a row), made
-        once."""
+        once, in :func:`~anylogits.kernels.truncation.truncate`'s order."""
         parameters = self._parameters.get(device)
         if parameters is None:
-            from anylogits.core.transfer import DeviceCopies, to_device
-
             made = []
             for kind, dtype in _PARAMETER_DTYPES.items():
                 value = self.values[kind]
@@ -255,23 +187,29 @@ class FusedTruncation(_KernelStep):
         return parameters
 
 
+_NEUTRAL_VALUES: dict[TruncationKind, int | float | DeviceCopies] = {
+    TruncationKind.TOP_K: 0,
+    TruncationKind.TOP_P: 1.0,
+    TruncationKind.MIN_P: 0.0,
+    TruncationKind.TEMPERATURE: 1.0,
+}
 _PARAMETER_DTYPES = {
-    "top_k": torch.int64,
-    "top_p": torch.float32,
-    "min_p": torch.float32,
-    "temperature": torch.float32,
+    TruncationKind.TOP_K: torch.int64,
+    TruncationKind.TOP_P: torch.float32,
+    TruncationKind.MIN_P: torch.float32,
+    TruncationKind.TEMPERATURE: torch.float32,
 }
 
 
 class FusedRepetitionPenalty(_KernelStep):
-    """A :class:`~anylogits.RepetitionPenalty` as one launch on CUDA for full rows whose
-    history is on the logits' device (transformers' ``input_ids``); the processor itself
-    anywhere else (ragged rows, host histories)."""
+    """CTRL's repetition penalty (:class:`~anylogits.core.fused_forms.RepetitionPenaltyForm`)
+    as one launch on CUDA for full rows whose history is on the logits' device
+    (transformers' ``input_ids``); the processor itself anywhere else (ragged rows, host
+    histories)."""
 
-    def __init__(self, processor: LogitsProcessor) -> None:
+    def __init__(self, processor: LogitsProcessor, form: RepetitionPenaltyForm) -> None:
         self.processors = (processor,)
-        config = processor.config()
-        self.penalty, self.context_size = config["penalty"], config["context_size"]
+        self.penalty, self.context_size = form.penalty, form.context_size
         self._parameters: dict[torch.device, torch.Tensor] = {}
 
     def launch(
@@ -280,7 +218,6 @@ class FusedRepetitionPenalty(_KernelStep):
         ids = batch.token_ids if batch.rows_are_full else None
         if ids is None or ids.device != logits.device:
             return None
-        from anylogits.core.transfer import to_device
         from anylogits.kernels.penalties import repetition_penalty
 
         if self.context_size is not None:
@@ -297,19 +234,17 @@ class FusedOutputPenalties(_KernelStep):
     given) as one launch on CUDA (a host history copied there without blocking); the
     processors one after another anywhere else."""
 
-    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
+    def __init__(
+        self, processors: Sequence[LogitsProcessor], forms: Sequence[OutputPenalty]
+    ) -> None:
         self.processors = tuple(processors)
-        self.kinds = [_output_penalty(p) for p in self.processors]
-        # Each processor's per-row penalties (one value for every row unless stacked).
-        self.values = {
-            kind: (p.parameters["penalty"] if isinstance(p, RowwiseProcessor) else p._penalties)  # type: ignore[attr-defined]
-            for kind, p in zip(self.kinds, self.processors, strict=True)
-        }
+        self.kinds = [form.kind for form in forms]
+        # Each kind's per-row penalties (one value for every row unless stacked).
+        self.values = {form.kind: form.penalties for form in forms}
 
     def launch(
         self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
     ) -> torch.Tensor | None:
-        from anylogits.core.transfer import to_device
         from anylogits.kernels.penalties import output_penalties
 
         ids = to_device(batch.token_ids, logits.device)
@@ -321,11 +256,18 @@ class FusedOutputPenalties(_KernelStep):
             logits,
             ids,
             generated,
-            presence=penalties.get("presence"),
-            frequency=penalties.get("frequency"),
-            presence_first=self.kinds[0] == "presence",
+            presence=penalties.get(OutputPenaltyKind.PRESENCE),
+            frequency=penalties.get(OutputPenaltyKind.FREQUENCY),
+            presence_first=self.kinds[0] == OutputPenaltyKind.PRESENCE,
             out=out,
         )
+
+
+# An empty list for a kind the step lacks (offsets 0 and 0; one id and value slot, never
+# read), copied to a device (and a dtype) once.
+_NO_IDS = DeviceCopies(torch.zeros(1, dtype=torch.int64))
+_NO_OFFSETS = DeviceCopies(torch.zeros(2, dtype=torch.int64))
+_NO_VALUES = DeviceCopies(torch.zeros(1, dtype=torch.float32))
 
 
 class FusedBiasAndBans(_KernelStep):
@@ -333,47 +275,34 @@ class FusedBiasAndBans(_KernelStep):
     in either order: a ban wins over a bias either way) as one launch on CUDA; the
     processors one after another anywhere else."""
 
-    def __init__(self, processors: Sequence[LogitsProcessor]) -> None:
-        from anylogits.core.transfer import DeviceCopies
-
+    def __init__(self, processors: Sequence[LogitsProcessor], forms: Sequence[TokenLists]) -> None:
         self.processors = tuple(processors)
-        self.kinds = {_bias_or_bans(p): p for p in self.processors}
-        # A processor's one list, shared by every row: offsets 0 and its length.
-        self._shared_offsets = {
-            kind: DeviceCopies(torch.tensor([0, len(p._columns.ids)], dtype=torch.int64))  # type: ignore[attr-defined]
-            for kind, p in self.kinds.items()
-            if not isinstance(p, RowwiseProcessor)
-        }
+        self.kinds = {form.kind: form for form in forms}
 
     def launch(
         self, logits: torch.Tensor, batch: Batch, out: torch.Tensor | None
     ) -> torch.Tensor | None:
-        from anylogits.kernels.sparse import bias_and_bans
+        from anylogits.kernels.sparse import RowLists, bias_and_bans
 
-        bias, bans = (self._lists(kind, logits) for kind in ("bias", "bans"))
+        bias = self._lists(TokenListKind.BIAS, logits)
+        bans = self._lists(TokenListKind.BANS, logits)
+        if bias is None or bans is None:
+            ids, offsets = _NO_IDS.on(logits.device), _NO_OFFSETS.on(logits.device)
+            bias = bias or RowLists(ids, offsets, _NO_VALUES.on(logits.device, logits.dtype))
+            bans = bans or RowLists(ids, offsets)
         return bias_and_bans(logits, bias=bias, bans=bans, out=logits if out is None else out)
 
-    def _lists(self, kind: str, logits: torch.Tensor) -> Any:
-        """``kind``'s processor's ids (and values) in CSR form on the logits' device, or
-        ``None``; an id past the row raises the processor's ``ValueError``."""
+    def _lists(self, kind: TokenListKind, logits: torch.Tensor) -> RowLists | None:
+        """``kind``'s ids (and values) in CSR form on the logits' device, or ``None``
+        (none, or no id in any row); an id past the row raises the processor's
+        ``ValueError``."""
         from anylogits.kernels.sparse import RowLists
 
-        processor = self.kinds.get(kind)
-        if processor is None:
+        form = self.kinds.get(kind)
+        if form is None:
             return None
-        values = None
-        if isinstance(processor, RowwiseProcessor):
-            index = processor.parameters["index"]
-            _, ids = index.for_logits(logits)
-            if ids.numel() == 0:
-                return None
-            if kind == "bias":
-                values = index.values_for(logits)
-            return RowLists(ids, index.offsets_on(logits.device), values)
-        columns = processor._columns  # type: ignore[attr-defined]
-        ids = columns.for_logits(logits)
+        ids = form.ids(logits)
         if ids.numel() == 0:
             return None
-        if kind == "bias":
-            values = processor._values.on(logits.device, logits.dtype)  # type: ignore[attr-defined]
-        return RowLists(ids, self._shared_offsets[kind].on(logits.device), values)
+        values = None if form.values is None else form.values.on(logits.device, logits.dtype)
+        return RowLists(ids, form.offsets.on(logits.device), values)

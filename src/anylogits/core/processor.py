@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
-
-from anylogits.core import registry, specs
 
 if TYPE_CHECKING:
     import torch
@@ -13,6 +12,31 @@ if TYPE_CHECKING:
     from anylogits.core.vocab import Vocabulary
 
 State = TypeVar("State")
+
+# The registry and the spec format stand above this interface: they use it, it names
+# neither. Each installs itself here when imported, and ``anylogits.core`` imports both
+# with the package, so before any processor class can be defined.
+_subclass_watchers: list[Callable[[type[LogitsProcessor]], None]] = []
+_spec_builder: Callable[[dict[str, Any]], LogitsProcessor] | None = None
+
+
+def watch_subclasses(watcher: Callable[[type[LogitsProcessor]], None]) -> None:
+    """Call ``watcher`` with every :class:`LogitsProcessor` subclass: at once with each
+    one defined so far, then with each new one as it is defined (an error it raises
+    fails the class statement)."""
+    pending = list(LogitsProcessor.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        watcher(cls)
+        pending.extend(cls.__subclasses__())
+    _subclass_watchers.append(watcher)
+
+
+def build_specs_with(builder: Callable[[dict[str, Any]], LogitsProcessor]) -> None:
+    """Make :meth:`LogitsProcessor.from_spec` build processors with ``builder`` (the spec
+    format's :func:`anylogits.core.specs.from_spec`)."""
+    global _spec_builder
+    _spec_builder = builder
 
 
 class LogitsProcessor:
@@ -41,7 +65,8 @@ class LogitsProcessor:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        registry.register(cls)
+        for watcher in _subclass_watchers:
+            watcher(cls)
 
     vocab: Vocabulary | None = None
 
@@ -73,7 +98,9 @@ class LogitsProcessor:
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LogitsProcessor:
         """Build the processor a spec describes (see :func:`anylogits.from_spec`)."""
-        processor = specs.from_spec(spec)
+        if _spec_builder is None:
+            raise RuntimeError("no spec format is installed: import anylogits.core.specs")
+        processor = _spec_builder(spec)
         if not isinstance(processor, cls):
             raise ValueError(
                 f"spec type {spec.get('type')!r} builds {type(processor).__qualname__}, "

@@ -27,12 +27,10 @@ import importlib
 import os
 import sys
 import threading
-import weakref
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from anylogits.core.processor import LogitsProcessor
+from anylogits.core.processor import LogitsProcessor, watch_subclasses
 
 ENTRY_POINT_GROUP = "anylogits.processors"
 PLUGINS_VARIABLE = "ANYLOGITS_PLUGINS"
@@ -44,10 +42,8 @@ HOW_TO_ADD = (
 )
 
 # Every processor class with a ``spec_name`` of its own, by that name; filled as classes
-# are defined.
+# are defined (this module watches every ``LogitsProcessor`` subclass, see the end).
 _REGISTRY: dict[str, type[LogitsProcessor]] = {}
-# Every processor class defined (what a plugin's entry point must load).
-_PROCESSOR_CLASSES: weakref.WeakSet[type[LogitsProcessor]] = weakref.WeakSet()
 # The modules whose classes are the catalogue: imported the first time a type is looked up
 # (``import anylogits`` imports no processor).
 _PACKAGE = "anylogits."
@@ -77,9 +73,8 @@ def load_catalogue() -> None:
 
 
 def register(cls: type[LogitsProcessor]) -> None:
-    """Note a ``LogitsProcessor`` subclass (each calls this when it is defined) and, when
-    it sets a ``spec_name`` of its own, make it buildable from specs of that ``"type"``."""
-    _PROCESSOR_CLASSES.add(cls)
+    """Make a ``LogitsProcessor`` subclass that sets a ``spec_name`` of its own buildable
+    from specs of that ``"type"`` (called with each subclass as it is defined)."""
     name = cls.__dict__.get("spec_name")
     if name is None:
         return
@@ -95,9 +90,8 @@ def register(cls: type[LogitsProcessor]) -> None:
 
 def _processor_class(value: object) -> type[LogitsProcessor] | None:
     """``value`` when it is a ``LogitsProcessor`` subclass, else ``None``."""
-    for cls in _PROCESSOR_CLASSES:
-        if cls is value:
-            return cls
+    if isinstance(value, type) and issubclass(value, LogitsProcessor):
+        return value if value is not LogitsProcessor else None
     return None
 
 
@@ -337,3 +331,7 @@ def describe_plugins() -> str:
     if unloaded:
         parts.append(f"entry points installed, not loaded yet: {', '.join(unloaded)}")
     return "; ".join(parts) + f". {HOW_TO_ADD}"
+
+
+# Last: registering a class may load the catalogue, which needs all of the above.
+watch_subclasses(register)

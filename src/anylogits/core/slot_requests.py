@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from anylogits.core.pipeline import Pipeline
-from anylogits.core.tracker import SequenceNode, child_node, root_node
+from anylogits.core.tracker import SequenceNode, descendant_node, root_node
 
 # Reads committed tokens the engine holds: (slots, start offsets) -> tokens from each
 # start to the end of the committed sequence, one list per slot.
@@ -125,8 +125,7 @@ class SlotRequest:
                 new = self._unwritten[node.length - self._written :]
             else:
                 new = self.tokens[node.length : self.length].tolist()
-            for token_id in new:
-                node = child_node(processors, node, token_id)
+            node = descendant_node(processors, node, new)
         self.node = node
         return node
 
@@ -161,8 +160,7 @@ def draft_node(request: SlotRequest, draft: list[int]) -> SequenceNode:
     node = request.committed_node()
     if draft:
         processors = request.group.pipeline.stateful  # type: ignore[union-attr]
-        for token_id in draft:
-            node = child_node(processors, node, token_id)
+        node = descendant_node(processors, node, draft)
     return node
 
 

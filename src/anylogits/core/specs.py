@@ -6,13 +6,11 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from anylogits.core.limits import building_from_request, check_size, limits
+from anylogits.core.processor import LogitsProcessor, build_specs_with
 from anylogits.core.registry import processor_type
-
-if TYPE_CHECKING:
-    from anylogits.core.processor import LogitsProcessor
 
 
 def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:
@@ -197,3 +195,7 @@ def parse_specs(value: Any, where: str) -> list[dict[str, Any]]:
         except Exception as error:  # untrusted input: any failure is a bad request
             raise ValueError(f"{where}[{index}]: {error}") from None
     return specs
+
+
+# ``SomeProcessor.from_spec(spec)`` builds through this module's from_spec.
+build_specs_with(from_spec)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,24 +54,56 @@ def root_node(
     return SequenceNode(length, length, tuple(p.init_state(prompt_ids) for p in processors))
 
 
-def child_node(
-    processors: Sequence[StatefulLogitsProcessor[Any]], parent: SequenceNode, token_id: int
-) -> SequenceNode:
-    """The node after ``token_id`` is appended to ``parent``; ``parent`` is left intact."""
+def children_maker(
+    processors: Sequence[StatefulLogitsProcessor[Any]],
+) -> Callable[[Sequence[SequenceNode], Sequence[int]], list[SequenceNode]]:
+    """The function from parent nodes and one more token each to their children (the
+    parents are left intact), chosen once for ``processors``: a tracked step calls it
+    once for all its rows."""
     if len(processors) == 1 and not processors[0].mutable_state:
         # One immutable state (a grammar's cursor, a penalty's counts), the usual case:
-        # without the loop, a third of the tracker's per-row cost at 32 rows.
-        states: tuple[Any, ...] = (processors[0].advance(parent.states[0], token_id),)
-    else:
-        states = tuple(
+        # one comprehension, no per-row loop over the processors.
+        advance = processors[0].advance
+        return lambda parents, tokens: [
+            SequenceNode(
+                parent.length + 1, parent.prompt_length, (advance(parent.states[0], token),)
+            )
+            for parent, token in zip(parents, tokens, strict=True)
+        ]
+
+    def advance_each(states: tuple[Any, ...], token_id: int) -> tuple[Any, ...]:
+        return tuple(
             [
                 processor.advance(
                     processor.fork(state) if processor.mutable_state else state, token_id
                 )
-                for processor, state in zip(processors, parent.states, strict=True)
+                for processor, state in zip(processors, states, strict=True)
             ]
         )
-    return SequenceNode(parent.length + 1, parent.prompt_length, states)
+
+    return lambda parents, tokens: [
+        SequenceNode(parent.length + 1, parent.prompt_length, advance_each(parent.states, token))
+        for parent, token in zip(parents, tokens, strict=True)
+    ]
+
+
+def child_node(
+    processors: Sequence[StatefulLogitsProcessor[Any]], parent: SequenceNode, token_id: int
+) -> SequenceNode:
+    """The node after ``token_id`` is appended to ``parent``; ``parent`` is left intact."""
+    return descendant_node(processors, parent, [token_id])
+
+
+def descendant_node(
+    processors: Sequence[StatefulLogitsProcessor[Any]],
+    node: SequenceNode,
+    token_ids: Iterable[int],
+) -> SequenceNode:
+    """The node after ``token_ids`` are appended to ``node``, one at a time."""
+    children = children_maker(processors)
+    for token_id in token_ids:
+        node = children([node], [token_id])[0]
+    return node
 
 
 def _token_bytes(ids: torch.Tensor) -> bytes:
@@ -180,6 +212,7 @@ class SequenceTracker:
             raise ValueError(f"max_idle_calls must be >= 1, got {max_idle_calls}")
         self.processors = tuple(processors)
         self.max_idle_calls = max_idle_calls
+        self._children = children_maker(self.processors)
         self._weights = _hash_weights(seed)
         self._nodes: dict[tuple[int, int, int], SequenceNode] = {}
         self._length_counts: Counter[int] = Counter()
@@ -192,8 +225,17 @@ class SequenceTracker:
         self._last_width = 0
         self._last_hashes: list[tuple[int, int]] = []
         self._last_nodes: list[SequenceNode] = []
+        # The nodes of calls that only extended the one before, not yet in `_nodes`:
+        # (clock, width, hashes, nodes) per call. While every call extends the last, as
+        # in decoding, no row is keyed or indexed, and an expired call is dropped whole;
+        # the first call that needs a lookup (a beam reordered, a rollback) registers
+        # them all first.
+        self._unregistered: deque[tuple[int, int, list[tuple[int, int]], list[SequenceNode]]] = (
+            deque()
+        )
 
     def __len__(self) -> int:
+        self._register()
         return len(self._nodes)
 
     def reset(self) -> None:
@@ -201,6 +243,7 @@ class SequenceTracker:
         self._nodes.clear()
         self._length_counts.clear()
         self._touched.clear()
+        self._unregistered.clear()
         self._last_width = 0
         self._last_nodes = []
 
@@ -225,6 +268,7 @@ class SequenceTracker:
             if extended is not None:
                 self._expire()
                 return extended
+        self._register()
         batch, width = ids.shape
         _check_width(width)
         weights = self._position_weights(width)
@@ -307,6 +351,7 @@ class SequenceTracker:
         batch, width = token_ids.shape
         _check_width(width)
         self._position_weights(width)
+        self._register()
         ids = token_ids if token_ids.dtype is torch.int64 else token_ids.to(torch.int64)
         weights = self._weights.on_device(width, ids.device)
         hashes = (ids.unsqueeze(1) * weights).sum(2)
@@ -337,8 +382,9 @@ class SequenceTracker:
     def _extend_last_call(self, ids: torch.Tensor) -> list[SequenceNode] | None:
         """The nodes of a call whose every row is the same row of the last call plus one
         token (``None`` if it is not such a call): O(B) work, in Python ints (a handful
-        of tokens; torch ops cost more than they save here). This is the per-token cost
-        of every tracked call, so it is written out in one function."""
+        of tokens; torch ops cost more than they save here), and the new nodes left
+        unregistered (:meth:`_register`). This is the per-token cost of every tracked
+        call, so it is written out in one function."""
         batch, width = ids.shape
         previous = self._last_width
         if width != previous + 1 or previous == 0 or batch != len(self._last_nodes):
@@ -356,28 +402,42 @@ class SequenceTracker:
             self._position_weights(width)
             columns = self._weights.columns
         first_weight, second_weight = columns[width - 1]
-        known, clock, touched = self._nodes, self._clock, self._touched[-1][1]
-        processors = self.processors
-        nodes: list[SequenceNode] = []
-        hashes: list[tuple[int, int]] = []
-        created = 0
-        for parent, (first, second), token_id in zip(
-            self._last_nodes, self._last_hashes, last, strict=True
-        ):
-            first, second = first + token_id * first_weight, second + token_id * second_weight
-            key = (width, first, second)
-            node = known.get(key)
-            if node is None:
-                node = known[key] = child_node(processors, parent, token_id)
-                created += 1
-            node.last_seen = clock
-            touched.append(key)
-            nodes.append(node)
-            hashes.append((first, second))
-        if created:
-            self._length_counts[width] += created
+        parents = self._last_nodes
+        hashes = [
+            (first + token_id * first_weight, second + token_id * second_weight)
+            for (first, second), token_id in zip(self._last_hashes, last, strict=True)
+        ]
+        if width in self._length_counts:
+            # A prefix this long is registered (a rollback, then the same tokens again):
+            # a row that reaches it again takes its node.
+            known = self._nodes
+            nodes = [
+                known.get((width, first, second)) or self._child(parent, token_id)
+                for parent, (first, second), token_id in zip(parents, hashes, last, strict=True)
+            ]
+        else:
+            nodes = self._children(parents, last)
+        self._unregistered.append((self._clock, width, hashes, nodes))
         self._remember(tokens, width, hashes, nodes)
         return nodes
+
+    def _register(self) -> None:
+        """Key the nodes of the calls :meth:`_extend_last_call` left unregistered, each
+        as seen at its own call (they expire as if registered then)."""
+        if not self._unregistered:
+            return
+        known, counts, touched = self._nodes, self._length_counts, self._touched
+        first_clock = touched[0][0]
+        for clock, width, hashes, nodes in self._unregistered:
+            keys = touched[clock - first_clock][1]
+            for (first, second), node in zip(hashes, nodes, strict=True):
+                key = (width, first, second)
+                if key not in known:
+                    known[key] = node
+                    counts[width] += 1
+                node.last_seen = clock
+                keys.append(key)
+        self._unregistered.clear()
 
     def _remember(
         self, tokens: bytes, width: int, hashes: list[tuple[int, int]], nodes: list[SequenceNode]
@@ -411,7 +471,7 @@ class SequenceTracker:
         return full, parent, last
 
     def _child(self, parent: SequenceNode, token_id: int) -> SequenceNode:
-        return child_node(self.processors, parent, token_id)
+        return self._children([parent], [token_id])[0]
 
     def _from_longest_known_prefix(
         self, row_ids: torch.Tensor, row_weights: torch.Tensor
@@ -454,6 +514,9 @@ class SequenceTracker:
 
     def _expire(self) -> None:
         horizon = self._clock - self.max_idle_calls
+        unregistered = self._unregistered
+        while unregistered and unregistered[0][0] <= horizon:
+            unregistered.popleft()  # never keyed: nothing to delete
         while self._touched and self._touched[0][0] <= horizon:
             _, keys = self._touched.popleft()
             for key in keys:

@@ -4,6 +4,9 @@ the benchmarks.
 * :mod:`~anylogits.engines.backends`: one class per backend (transformers, llama.cpp, MLX,
   vLLM) that builds its native hook from anylogits processors and calls it the way that
   backend does, plus the ``BACKENDS`` registry.
+* :mod:`~anylogits.engines.check_backends`: ``anylogits.testing.check_processor``, which
+  hands the backends named to the check of :mod:`anylogits.testing.check` (the testing
+  package stands below the engines, which use its tiny model).
 * :mod:`~anylogits.engines.generation`: each backend's generation (greedy, sampled,
   structured) behind the ``GenerationEngine`` protocol (``vllm_recording`` holds vLLM's
   counting processor).

@@ -7,10 +7,11 @@ stacked or not). Each list is read in CSR form: the ids (and values) of every ro
 after another, with ``offsets[row]`` and ``offsets[row + 1]`` bounding a row's (one list
 for every row: two offsets and a row stride of 0). One program per block of a row
 copies the block, then applies the entries that fall in it: no full-row pass per list,
-no index tensors built per call. A ban wins over a bias on the same id in either order
-(``-inf`` plus a finite bias is ``-inf``); a bias is added in the logits' dtype, as the
-processors add it. ``out`` may be ``logits`` itself (each id is read once, before it is
-written). The interpreter tests hold it to the processors.
+no index tensors built per call. A kind absent is an empty list the caller passes:
+two offsets 0 and 0, one id (and value) slot never read. A ban wins over a bias on the
+same id in either order (``-inf`` plus a finite bias is ``-inf``); a bias is added in
+the logits' dtype, as the processors add it. ``out`` may be ``logits`` itself (each id
+is read once, before it is written). The interpreter tests hold it to the processors.
 """
 
 from __future__ import annotations
@@ -19,22 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from anylogits.core.transfer import DeviceCopies
 from anylogits.kernels._rounding import copied_block, rounded
 
 BLOCK = 4096
 _ENTRIES_BLOCK = 256
-# An empty list (offsets 0 and 0; one id and value slot, never read), copied to a device
-# (and a dtype) once.
-_NO_IDS = DeviceCopies(torch.zeros(1, dtype=torch.int64))
-_NO_OFFSETS = DeviceCopies(torch.zeros(2, dtype=torch.int64))
-_NO_VALUES = DeviceCopies(torch.zeros(1, dtype=torch.float32))
 
 
 class RowLists:
     """A list of ids per row (and a value per id) in CSR form on the device: ``ids``
-    int64, ``values`` in the logits' dtype (or ``None``), ``offsets`` int64 ``(B + 1,)``,
-    or ``(2,)`` for one list every row shares."""
+    int64, ``values`` in the logits' dtype (or ``None`` for bans), ``offsets`` int64
+    ``(B + 1,)``, or ``(2,)`` for one list every row shares."""
 
     def __init__(
         self, ids: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor | None = None
@@ -49,23 +44,19 @@ class RowLists:
 def bias_and_bans(
     logits: torch.Tensor,
     *,
-    bias: RowLists | None,
-    bans: RowLists | None,
+    bias: RowLists,
+    bans: RowLists,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``logits`` ``(B, V)`` (float32, float16 or bfloat16) with each row's ``bias``
-    added and its ``bans`` set to ``-inf`` (``None``: none), into ``out`` (a new tensor
-    by default; ``logits`` itself works). Every id must lie in the row (the processors
-    check it before)."""
+    added and its ``bans`` set to ``-inf`` (an empty list: none; a bias has values),
+    into ``out`` (a new tensor by default; ``logits`` itself works). Every id must lie in
+    the row (the processors check it before)."""
     rows, width = logits.shape
     if out is None:
         out = torch.empty_like(logits)
     if rows == 0:
         return out
-    if bias is None or bans is None:
-        ids, offsets = _NO_IDS.on(logits.device), _NO_OFFSETS.on(logits.device)
-        bias = bias or RowLists(ids, offsets, _NO_VALUES.on(logits.device, logits.dtype))
-        bans = bans or RowLists(ids, offsets)
     block = min(BLOCK, triton.next_power_of_2(width))
     _bias_and_bans_rows[(rows, triton.cdiv(width, block))](
         logits,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from anylogits.core.batch import Batch
+from anylogits.core.fused_forms import TokenListKind, TokenLists
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.transfer import DeviceCopies, to_device
 from anylogits.core.vocab import Vocabulary
@@ -260,6 +261,12 @@ class TokenColumns:
             self._checked_width = width
         return self._tensor.on(logits.device)
 
+    def token_lists(self, kind: TokenListKind, values: DeviceCopies | None = None) -> TokenLists:
+        """These ids as the sparse kernel's form: one list every row shares (offsets 0
+        and its length), ``values`` one per id for a bias."""
+        offsets = DeviceCopies(torch.tensor([0, len(self.ids)], dtype=torch.int64))
+        return TokenLists(kind, self.for_logits, offsets, values)
+
 
 def eos_ids(eos_token_id: int | list[int] | None) -> tuple[int, ...] | None:
     if eos_token_id is None:
@@ -319,6 +326,13 @@ class RowColumns:
         """The values, one per id, in the logits' dtype and on their device."""
         assert self._values is not None
         return self._values.on(logits.device, logits.dtype)
+
+    def token_lists(self, kind: TokenListKind) -> TokenLists:
+        """These rows' ids (and values) as the sparse kernel's form."""
+        return TokenLists(kind, self._columns_for, self._offsets, self._values)
+
+    def _columns_for(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.for_logits(logits)[1]
 
 
 def add_rows(logits: torch.Tensor, batch: Batch, index: RowColumns) -> torch.Tensor:

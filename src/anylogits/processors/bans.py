@@ -15,6 +15,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.fused_forms import TokenListKind, TokenLists
 from anylogits.core.limits import check_items, check_text
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
@@ -67,10 +68,15 @@ class SuppressTokens(FastPaths):
             return logits
         return logits.index_fill_(1, self._columns.for_logits(logits), float("-inf"))
 
+    def fused_form(self) -> TokenLists:
+        return self._columns.token_lists(TokenListKind.BANS)
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
-        ids_per_row = [list(p.token_ids) for p in processors]
-        return RowwiseProcessor(suppress_rows, index=RowColumns("token_ids", ids_per_row))
+        index = RowColumns("token_ids", [list(p.token_ids) for p in processors])
+        return RowwiseProcessor(
+            suppress_rows, fused=index.token_lists(TokenListKind.BANS), index=index
+        )
 
 
 class BadWords(LogitsProcessor):

@@ -15,6 +15,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.fused_forms import TokenListKind, TokenLists
 from anylogits.core.limits import check_items
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.transfer import DeviceCopies, to_device
@@ -82,13 +83,15 @@ class LogitBias(FastPaths):
         values = self._values.on(logits.device, logits.dtype)
         return logits.index_add_(1, columns, values.expand(logits.shape[0], -1))
 
+    def fused_form(self) -> TokenLists:
+        return self._columns.token_lists(TokenListKind.BIAS, self._values)
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
         biases = [p.bias for p in processors]
         values = [v for bias in biases for v in bias.values()]
-        return RowwiseProcessor(
-            add_rows, index=RowColumns("bias", [list(bias) for bias in biases], values)
-        )
+        index = RowColumns("bias", [list(bias) for bias in biases], values)
+        return RowwiseProcessor(add_rows, fused=index.token_lists(TokenListKind.BIAS), index=index)
 
 
 def _token_id_key(key: int | str) -> int:

@@ -9,12 +9,13 @@ window); vLLM ``apply_penalties`` for presence and frequency.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.fused_forms import OutputPenalty, OutputPenaltyKind, RepetitionPenaltyForm
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.transfer import DeviceCopies, to_device
@@ -71,6 +72,9 @@ class RepetitionPenalty(FastPaths):
 
     def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
         return _repetition_penalty(logits, batch, self.penalty, self.context_size, out=out)
+
+    def fused_form(self) -> RepetitionPenaltyForm:
+        return RepetitionPenaltyForm(self.penalty, self.context_size)
 
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
@@ -205,6 +209,7 @@ class _OutputTokenPenalty(FastPaths):
 
     needs_sequences = True
     _rows: Callable[..., torch.Tensor]
+    _kind: ClassVar[OutputPenaltyKind]
 
     def __init__(self, penalty: float) -> None:
         self.penalty = finite_float("penalty", penalty)
@@ -216,10 +221,15 @@ class _OutputTokenPenalty(FastPaths):
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return type(self)._rows(logits, batch, self._penalties)
 
+    def fused_form(self) -> OutputPenalty:
+        return OutputPenalty(self._kind, self._penalties)
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
         penalties = row_values([p.penalty for p in processors])
-        return _RowwiseWithSequences(cls._rows, penalty=penalties)
+        return _RowwiseWithSequences(
+            cls._rows, fused=OutputPenalty(cls._kind, penalties), penalty=penalties
+        )
 
 
 class PresencePenalty(_OutputTokenPenalty):
@@ -251,6 +261,7 @@ class PresencePenalty(_OutputTokenPenalty):
 
     spec_name = "presence_penalty"
     _rows = staticmethod(_presence_penalty)
+    _kind = OutputPenaltyKind.PRESENCE
 
 
 class FrequencyPenalty(_OutputTokenPenalty):
@@ -281,3 +292,4 @@ class FrequencyPenalty(_OutputTokenPenalty):
 
     spec_name = "frequency_penalty"
     _rows = staticmethod(_frequency_penalty)
+    _kind = OutputPenaltyKind.FREQUENCY

@@ -12,6 +12,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import FastPaths, RowwiseProcessor
+from anylogits.core.fused_forms import Truncation, TruncationKind
 from anylogits.core.processor import LogitsProcessor
 from anylogits.processors._checks import positive_float
 from anylogits.processors._ops import divide_rows, row_values
@@ -52,9 +53,16 @@ class Temperature(FastPaths):
     def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
         return torch.div(logits, self.temperature, out=out)
 
+    def fused_form(self) -> Truncation:
+        return Truncation(TruncationKind.TEMPERATURE, self.temperature)
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
-        temperatures = [p.temperature for p in processors]
+        divisors = row_values([p.temperature for p in processors])
         return RowwiseProcessor(
-            divide_rows, row_local=True, keeps_order=True, divisors=row_values(temperatures)
+            divide_rows,
+            row_local=True,
+            keeps_order=True,
+            fused=Truncation(TruncationKind.TEMPERATURE, divisors),
+            divisors=divisors,
         )

@@ -20,6 +20,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.fast_paths import Candidates, FastPaths, RowwiseProcessor
+from anylogits.core.fused_forms import Truncation, TruncationKind
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.transfer import DeviceCopies
@@ -78,16 +79,21 @@ class TopK(FastPaths):
     def candidates(self, logits: torch.Tensor, batch: Batch) -> Candidates | None:
         return _top_k_candidates(logits, batch, max(self.top_k, self.min_tokens_to_keep))
 
+    def fused_form(self) -> Truncation:
+        return Truncation(TruncationKind.TOP_K, max(self.top_k, self.min_tokens_to_keep))
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor:
         ks = [max(p.top_k, p.min_tokens_to_keep) for p in processors]
+        row_ks = row_ints(ks)
         return RowwiseProcessor(
             _top_k_rows,
             row_local=True,
             keeps_order=True,
             candidates=_top_k_candidates,
+            fused=Truncation(TruncationKind.TOP_K, row_ks),
             k_max=max(ks),
-            ks=row_ints(ks),
+            ks=row_ks,
         )
 
 
@@ -222,6 +228,12 @@ class TopP(FastPaths):
             return values
         return _top_p(values, self.top_p, self.min_tokens_to_keep, self.first_chunk, True)
 
+    def fused_form(self) -> Truncation | None:
+        # The kernel keeps no minimum number of tokens.
+        if self.min_tokens_to_keep != 1:
+            return None
+        return Truncation(TruncationKind.TOP_P, self.top_p)
+
 
 def _top_p(
     logits: torch.Tensor, top_p: float, min_keep: int, first_chunk: int, descending: bool = False
@@ -344,19 +356,28 @@ class MinP(FastPaths):
     def process_descending(self, values: torch.Tensor, batch: Batch) -> torch.Tensor:
         return _min_p(values, self.min_p, self.min_tokens_to_keep, descending=True)
 
+    def fused_form(self) -> Truncation | None:
+        # The kernel keeps no minimum number of tokens.
+        if self.min_tokens_to_keep != 1:
+            return None
+        return Truncation(TruncationKind.MIN_P, self.min_p)
+
     @classmethod
     def stack(cls, processors: Sequence[Self]) -> LogitsProcessor | None:
         keep = {p.min_tokens_to_keep for p in processors}
         if len(keep) > 1:
             return None
+        min_tokens_to_keep = keep.pop()
         min_ps = row_values([p.min_p for p in processors])
+        fused = Truncation(TruncationKind.MIN_P, min_ps) if min_tokens_to_keep == 1 else None
         return RowwiseProcessor(
             _min_p_rows,
             row_local=True,
             keeps_order=True,
             descending=_min_p_rows_descending,
+            fused=fused,
             min_ps=min_ps,
-            min_tokens_to_keep=keep.pop(),
+            min_tokens_to_keep=min_tokens_to_keep,
         )
 
 

@@ -1,6 +1,7 @@
 """Check a processor the way the conformance suite checks the catalogue.
 
-:func:`check_processor` builds call scenarios (beam forks and reorders, speculative
+:func:`check_processor_on` (what :func:`anylogits.testing.check_processor` runs, on the
+backends it names) builds call scenarios (beam forks and reorders, speculative
 rollback, resumed sequences, row moves and swaps, permuted rows), and for every call
 compares two things with the *truth*: each row replayed alone, from its prompt, one
 token at a time, by a fresh copy of the processor. What a processor returns for a row
@@ -9,9 +10,10 @@ rows, or the order in which calls came.
 
 * the core :class:`~anylogits.Pipeline` on batched rows, in float32, float16 and
   bfloat16;
-* each backend's hook (:mod:`anylogits.engines.backends`), called as that backend calls
-  it, in each dtype the backend passes: equal to the truth, and exactly equal to the
-  core pipeline given the same calls.
+* each backend's hook, called as that backend calls it, in each dtype the backend
+  passes: equal to the truth, and exactly equal to the core pipeline given the same
+  calls. The backends are handed in (:class:`Backend`): this module imports no engine,
+  the engines (:mod:`anylogits.engines.backends`) stand above it.
 
 Values are compared exactly (``-inf`` equals ``-inf``, NaN equals NaN), as the
 conformance suite's hook-level tests compare them.
@@ -23,7 +25,7 @@ import copy
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -350,7 +352,7 @@ def _backend_calls(scenario: Scenario, max_batch: int | None) -> Iterable[tuple[
 
 
 def _check_backend(
-    backend: Any,
+    backend: Backend,
     processor: LogitsProcessor,
     fresh: Callable[[], LogitsProcessor],
     vocab: Vocabulary | None,
@@ -414,57 +416,53 @@ def _check_spec(
     return [f"spec round trip: {wire!r}"]
 
 
-def check_processor(
+class Backend(Protocol):
+    """What :func:`check_processor_on` needs of a backend: how it builds its native hook
+    and calls it (the classes of :data:`anylogits.engines.backends.BACKENDS` are these)."""
+
+    @property
+    def name(self) -> str:
+        """The backend's name in messages and in what was checked."""
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """The dtypes of the logits the backend hands its hook."""
+
+    @property
+    def max_batch(self) -> int | None:
+        """The most rows the backend passes in one call (``None``: any number)."""
+
+    @property
+    def preserves_logits(self) -> bool:
+        """Whether the backend keeps the logits it passed: the hook must not edit them."""
+
+    def hook(self, processors: list[LogitsProcessor], tokenizer: Any = None) -> Any:
+        """The backend's native hook around ``processors``."""
+
+    def call(self, hook: Any, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Call ``hook`` as the backend does: ``(B, L)`` history, ``(B, V)`` logits."""
+
+
+def check_processor_on(
     processor: LogitsProcessor,
+    backends: Iterable[Backend],
     *,
-    backends: Iterable[str] | None = None,
     tokenizer: Any = None,
 ) -> list[str]:
-    """Check that ``processor`` gives the same results on every backend, whatever
-    happens to the rows; raise ``AssertionError`` naming the backend, the scenario and
-    the first differing row and column.
+    """:func:`anylogits.testing.check_processor` on the backends given as objects, not
+    by name: their hooks, then the core pipeline, then the spec round trip.
 
-    Every call of every scenario is compared with the truth: each row replayed alone from
-    its prompt, one token at a time, by a fresh copy of ``processor`` (built from its
-    spec when it has a ``spec_name``, else a deep copy). First on each backend's hook,
-    called as that backend calls it, in each dtype it passes (also compared exactly with
-    the core pipeline given the same calls); then on the core pipeline with batched rows,
-    in float32, float16 and bfloat16. The scenarios: beam fork/reorder, speculative
-    rollback, a resumed sequence, vLLM-style row moves and swaps, the rows of each call
-    permuted, and (without a tokenizer) the conformance suite's random forks and
-    rollbacks. A processor with a ``spec_name`` must also survive
-    ``from_spec(to_spec())``.
-
-    Args:
-        processor: the processor to check; it is not run itself (processors bind state),
-            only copies of it.
-        backends: names from :data:`anylogits.engines.backends.BACKENDS` to check on
-            (each must be installed); ``None``: every installed backend; ``()``: the
-            core pipeline only.
-        tokenizer: the Hugging Face tokenizer whose vocabulary the processor needs (its
-            logits are then as wide as the vocabulary); ``None``: 64-wide logits, no
-            vocabulary.
-
-    Returns:
-        What was checked, one line per backend, scenario and dtype (and skipped
-        backends, with the reason).
+    ``anylogits.testing.check_processor`` finds the backends by name in
+    :data:`anylogits.engines.backends.BACKENDS` and calls this; the engines stand above
+    this module, which drives whatever backends it is handed (``[]``: the core pipeline
+    only). Arguments, checks and result are ``check_processor``'s.
 
     Example:
         >>> from anylogits import RepetitionPenalty
-        >>> done = check_processor(RepetitionPenalty(1.3), backends=())
+        >>> done = check_processor_on(RepetitionPenalty(1.3), [])
         >>> done[0]
         'core: beam fork/reorder, torch.float32'
     """
-    from anylogits.engines.backends import BACKENDS, installed
-
-    names = [name for name in BACKENDS if installed(name)] if backends is None else backends
-    names = list(names)
-    unknown = [name for name in names if name not in BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown backend(s) {unknown}; known: {list(BACKENDS)}")
-    missing = [name for name in names if not installed(name)]
-    if missing:
-        raise ValueError(f"backend(s) {missing} are not installed here")
     vocab = None
     if tokenizer is not None:
         from anylogits.core.vocab import hf_vocabulary
@@ -473,11 +471,11 @@ def check_processor(
     fresh = _copier(processor)
     scenarios, truth = record_scenarios(fresh, vocab)
     done: list[str] = []
-    for name in names:
-        if name == "vllm" and processor.spec_name is None:
+    for backend in backends:
+        if backend.name == "vllm" and processor.spec_name is None:
             done.append("vllm: skipped (vLLM requests carry specs: give the class a spec_name)")
             continue
-        done += _check_backend(BACKENDS[name], processor, fresh, vocab, tokenizer, scenarios, truth)
+        done += _check_backend(backend, processor, fresh, vocab, tokenizer, scenarios, truth)
     done += _check_core(processor, fresh, vocab, scenarios, truth, DTYPES)
     if processor.spec_name is not None:
         done += _check_spec(processor, vocab, scenarios[0], truth)

@@ -224,14 +224,26 @@ def _validation_error(grammar: str, budget: dict[str, int], guard: tuple[int, in
 
 
 class _Compiled:
-    """A compiled grammar: the matcher every sequence copies, and its first mask."""
+    """A compiled grammar: the matcher every sequence copies, and its first mask.
 
-    __slots__ = ("first_row", "template", "tokenizer")
+    ``spare``: the copy that computed the first mask while compiling, still before any
+    token; the first sequence takes it instead of a copy of its own (~70 us of a
+    request's first mask)."""
 
-    def __init__(self, tokenizer: Any, template: Any, first_row: torch.Tensor) -> None:
+    __slots__ = ("first_row", "spare", "template", "tokenizer")
+
+    def __init__(self, tokenizer: Any, template: Any, first_row: torch.Tensor, spare: Any) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.first_row = first_row
+        self.spare = [spare]
+
+    def start(self) -> Any:
+        """A matcher of its own for a new sequence, before any token."""
+        try:
+            return self.spare.pop()  # atomic: two threads never take the same one
+        except IndexError:
+            return self.template.deep_copy()
 
 
 class LLGuidanceEngine:
@@ -274,7 +286,7 @@ class LLGuidanceEngine:
 
     def start_with_mask(self, grammar: str, vocab: Vocabulary) -> tuple[Any, torch.Tensor]:
         compiled = self._compiled(grammar, vocab)
-        return compiled.template.deep_copy(), compiled.first_row
+        return compiled.start(), compiled.first_row
 
     def _compiled(self, grammar: str, vocab: Vocabulary) -> _Compiled:
         tokenizer = self.tokenizer(vocab)
@@ -320,7 +332,7 @@ class LLGuidanceEngine:
         # compute_bitmask may pad its row past the bitmask's ceil(V / 32) words.
         words = (int(tokenizer.vocab_size) + 31) // 32
         first_row = torch.frombuffer(bytearray(first), dtype=torch.int32)[:words].clone()
-        return _Compiled(tokenizer, template, first_row)
+        return _Compiled(tokenizer, template, first_row, probe)
 
     def copy(self, matcher: Any) -> Any:
         return matcher.deep_copy()

@@ -25,6 +25,28 @@ def _model_vocab_size(spec: TinyModelSpec, num_tokens: int) -> int:
     return spec.pad_vocab_to
 
 
+def layer_sizes(spec: TinyModelSpec) -> dict[str, int]:
+    """The ``LlamaConfig`` sizes of the tiny model's layers: what :func:`make_weights` reads
+    besides ``vocab_size``."""
+    return {
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+    }
+
+
+def _special_token_ids(vocab: GGUFVocab) -> dict[str, int | None]:
+    """The vocabulary's special ids, as both the model and the generation config name them."""
+    return {
+        "bos_token_id": vocab.bos_token_id,
+        "eos_token_id": vocab.eos_token_id,
+        "pad_token_id": vocab.pad_token_id,
+    }
+
+
 def make_config(spec: TinyModelSpec, vocab: GGUFVocab) -> LlamaConfig:
     """The ``LlamaConfig`` of the tiny model (float32, untied embeddings)."""
     from transformers import LlamaConfig
@@ -32,19 +54,12 @@ def make_config(spec: TinyModelSpec, vocab: GGUFVocab) -> LlamaConfig:
     return LlamaConfig(
         architectures=["LlamaForCausalLM"],
         vocab_size=_model_vocab_size(spec, len(vocab)),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
+        **layer_sizes(spec),
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=spec.rms_norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         hidden_act="silu",
-        bos_token_id=vocab.bos_token_id,
-        eos_token_id=vocab.eos_token_id,
-        pad_token_id=vocab.pad_token_id,
+        **_special_token_ids(vocab),
         tie_word_embeddings=False,
         dtype="float32",
     )
@@ -54,12 +69,7 @@ def make_generation_config(vocab: GGUFVocab) -> GenerationConfig:
     """Greedy by default, with no sampling parameters that would add logits processors."""
     from transformers import GenerationConfig
 
-    return GenerationConfig(
-        bos_token_id=vocab.bos_token_id,
-        eos_token_id=vocab.eos_token_id,
-        pad_token_id=vocab.pad_token_id,
-        do_sample=False,
-    )
+    return GenerationConfig(**_special_token_ids(vocab), do_sample=False)
 
 
 def make_weights(

@@ -15,8 +15,12 @@ Use it from your ``conftest.py`` at the root of your tests::
 ``pytest --backends llama_cpp,mlx`` (or ``ANYLOGITS_BACKENDS``) chooses backends; the
 default is every one anylogits knows, and one that is not installed is skipped with its
 reason. ``@pytest.mark.only_backend("vllm")`` skips a test unless one of the named backends
-is selected. ``backend`` is an :class:`anylogits.engines.backends.Backend`: its ``name``,
-whether it is installed, and how it builds and calls its native hook.
+is selected. ``backend`` is the backend's entry in :data:`anylogits.engines.backends.BACKENDS`
+(a :class:`~anylogits.testing.check.Backend`): its ``name``, the dtypes and rows it passes,
+and how it builds and calls its native hook.
+
+A package of its own: it picks engines by name, so it stands above :mod:`anylogits.engines`,
+while the rest of :mod:`anylogits.testing` stands below them (the engines use the tiny model).
 """
 
 from __future__ import annotations

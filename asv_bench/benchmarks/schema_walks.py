@@ -1,0 +1,198 @@
+"""The two sides of :mod:`bench_schema_corpus`, timed: anylogits (``JSONSchema`` through
+the transformers hook, or ``PersistentBatch``) and llguidance called directly, from a
+schema to its first mask and along an instance's tokens (see that module's docstring).
+``vocab`` is its ``_Vocab``: the tokenizers, the logits and the direct side's
+matchers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+# What a decoding step's forward pass does to the caches between two masks: a pass over
+# this many bytes (SmolLM2-135M's float32 weights are 540 MB; 32 MB already evicts a
+# 2-core machine's caches).
+FORWARD_BYTES = 32 << 20
+_FORWARD: list[torch.Tensor] = []
+# Kubernetes schemas reach 240 KB: an operator serving them raises this limit.
+REQUEST_GRAMMAR_CHARS = 4 << 20
+
+
+def forward_pass() -> None:
+    """Evict the caches as a model's forward would between two decoding steps."""
+    if not _FORWARD:
+        _FORWARD.append(torch.ones(FORWARD_BYTES // 4))
+    _FORWARD[0].mul_(1.0)
+
+
+def clear_compiled() -> None:
+    from anylogits.processors.structured import engine
+
+    engine.COMPILED.clear()
+    engine.VALIDATIONS.clear()
+
+
+def first_mask_ours(vocab: Any, schema: dict) -> float:
+    from anylogits import JSONSchema, for_transformers
+
+    clear_compiled()
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    logits = vocab.logits[1].clone()
+    start = time.perf_counter()
+    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf)
+    hook(ids, logits)
+    return time.perf_counter() - start
+
+
+def first_mask_direct(vocab: Any, schema: dict) -> float:
+    import llguidance.torch
+
+    logits = vocab.logits[1].clone()
+    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
+    start = time.perf_counter()
+    matcher = vocab.matcher(schema)
+    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
+    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+    return time.perf_counter() - start
+
+
+def walk_ours(
+    vocab: Any,
+    schema: dict,
+    path: list[int],
+    batch: int,
+    in_place: bool = False,
+    forward: bool = False,
+) -> list[float]:
+    """Seconds per hook call along ``path``, the prompt's call left out."""
+    from anylogits import JSONSchema, for_transformers
+
+    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf, in_place=in_place)
+    ids = torch.arange(batch, dtype=torch.long)[:, None]  # a distinct prompt per row
+    times = []
+    for index in range(len(path) + 1):
+        if index:
+            ids = torch.cat([ids, torch.full((batch, 1), path[index - 1])], 1)
+        logits = vocab.logits[batch].clone()
+        if forward:
+            forward_pass()
+        start = time.perf_counter()
+        masked = hook(ids, logits)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+        if index < len(path) and not torch.isfinite(masked[:, path[index]]).all():
+            raise RuntimeError(f"token {index} of the path was refused: not comparable")
+    return times
+
+
+def walk_direct(
+    vocab: Any, schema: dict, path: list[int], batch: int, forward: bool = False
+) -> list[float]:
+    """Seconds per consume + fill + apply along ``path``, the first mask left out: each
+    step consumes the token the last one allowed, as ours does (the same work in the
+    same step on both sides)."""
+    import llguidance
+    import llguidance.torch
+
+    template = vocab.matcher(schema)
+    matchers = [template.deep_copy() for _ in range(batch)]
+    rows = [(matcher, row) for row, matcher in enumerate(matchers)]
+    executor = llguidance.LLExecutor()
+    bitmask = llguidance.torch.allocate_token_bitmask(batch, vocab.direct_tokenizer.vocab_size)
+    times = []
+    for index in range(len(path) + 1):
+        logits = vocab.logits[batch].clone()
+        if forward:
+            forward_pass()
+        start = time.perf_counter()
+        if index:
+            for matcher in matchers:
+                matcher.consume_token(path[index - 1])
+        if batch == 1:
+            llguidance.torch.fill_next_token_bitmask(matchers[0], bitmask)
+        else:
+            llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
+        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+    if any(matcher.is_error() for matcher in matchers):
+        raise RuntimeError(f"llguidance refused the path: {matchers[0].get_error()}")
+    return times
+
+
+class _Feed:
+    """A request's generated tokens, pushed as an engine pushes them."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+
+    def read(self) -> tuple[bool, list[int]]:
+        tokens, self.pending = self.pending, []
+        return False, tokens
+
+
+def requests_ours(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[float]:
+    """Seconds per step of ``PersistentBatch`` (what vLLM's and transformers' continuous
+    batching adapters call) holding one request per walk, each with its own schema: the
+    per-request path, the prompt's call left out."""
+    from anylogits import JSONSchema, to_specs
+    from anylogits.core.limits import override
+    from anylogits.core.persistent_batch import PersistentBatch
+
+    batch = PersistentBatch(vocab.vocabulary)
+    feeds = [_Feed() for _ in walks]
+    # Kubernetes schemas reach 240 KB: an operator serving them raises this limit.
+    with override(grammar_chars=REQUEST_GRAMMAR_CHARS):
+        for slot, ((schema, _), feed) in enumerate(zip(walks, feeds, strict=True)):
+            specs = to_specs([JSONSchema(schema, lenient=True)])
+            if not batch.put(slot, specs, prompt_ids=[slot], output=feed):
+                raise RuntimeError("a request has no processors")
+    steps = min(len(path) for _, path in walks)
+    logits = vocab.logits[len(walks)]
+    times = []
+    for index in range(steps + 1):
+        if index:
+            for feed, (_, path) in zip(feeds, walks, strict=True):
+                feed.pending = [path[index - 1]]
+        rows = logits.clone()
+        start = time.perf_counter()
+        batch.process(rows)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+        if index < steps:
+            allowed = rows[torch.arange(len(walks)), [path[index] for _, path in walks]]
+            if not torch.isfinite(allowed).all():
+                raise RuntimeError(f"token {index} of a path was refused: not comparable")
+    return times
+
+
+def requests_direct(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[float]:
+    """llguidance's batch path for the same requests: ``consume_token`` per row (the
+    token of the last step), every matcher filled at once
+    (``fill_next_token_bitmask_par``), one apply."""
+    import llguidance
+    import llguidance.torch
+
+    matchers = [vocab.matcher(schema) for schema, _ in walks]
+    rows = [(matcher, row) for row, matcher in enumerate(matchers)]
+    executor = llguidance.LLExecutor()
+    bitmask = llguidance.torch.allocate_token_bitmask(len(walks), vocab.direct_tokenizer.vocab_size)
+    steps = min(len(path) for _, path in walks)
+    times = []
+    for index in range(steps + 1):
+        logits = vocab.logits[len(walks)].clone()
+        start = time.perf_counter()
+        if index:
+            for matcher, (_, path) in zip(matchers, walks, strict=True):
+                matcher.consume_token(path[index - 1])
+        llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
+        llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+    return times
