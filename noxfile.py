@@ -168,6 +168,7 @@ def tests(session: nox.Session) -> None:
         "src/anylogits/adapters/vllm_requests.py",
         "src/anylogits/adapters/from_transformers.py",
         "src/anylogits/testing/check.py",
+        "src/anylogits/engines/check_backends.py",
         *session.posargs,
     )
 
