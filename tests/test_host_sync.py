@@ -30,7 +30,7 @@ from anylogits.core.batch import Batch
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.registry import processor_type
 from anylogits.core.sync import forbid_host_sync
-from anylogits.core.tracker import SequenceNode, child_node, root_node
+from anylogits.core.tracker import SequenceNode, descendant_node, root_node
 from anylogits.processors import watermark as watermark_module
 from anylogits.processors._greenlist import GreenlistCache
 from anylogits.processors.dry import _dense_ranks
@@ -142,7 +142,7 @@ class EngineRows:
         rows take an allowed one)."""
         for row, token_id in enumerate(logits.argmax(dim=-1).tolist()):
             self.generated[row].append(token_id)
-            self.nodes[row] = child_node(self.pipeline.stateful, self.nodes[row], token_id)
+            self.nodes[row] = descendant_node(self.pipeline.children, self.nodes[row], [token_id])
 
 
 def count_host_reads(

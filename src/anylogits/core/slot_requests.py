@@ -116,16 +116,16 @@ class SlotRequest:
     def committed_node(self) -> SequenceNode:
         """The processor states after every committed token."""
         assert self.group.pipeline is not None
-        processors = self.group.pipeline.stateful
+        pipeline = self.group.pipeline
         node = self.node
         if node is None:
-            node = root_node(processors, self.tokens[: self.prompt_length])
+            node = root_node(pipeline.stateful, self.tokens[: self.prompt_length])
         if node.length < self.length:
             if node.length >= self._written:
                 new = self._unwritten[node.length - self._written :]
             else:
                 new = self.tokens[node.length : self.length].tolist()
-            node = descendant_node(processors, node, new)
+            node = descendant_node(pipeline.children, node, new)
         self.node = node
         return node
 
@@ -159,8 +159,8 @@ def read_committed(
 def draft_node(request: SlotRequest, draft: list[int]) -> SequenceNode:
     node = request.committed_node()
     if draft:
-        processors = request.group.pipeline.stateful  # type: ignore[union-attr]
-        node = descendant_node(processors, node, draft)
+        children = request.group.pipeline.children  # type: ignore[union-attr]
+        node = descendant_node(children, node, draft)
     return node
 
 

@@ -54,12 +54,13 @@ def root_node(
     return SequenceNode(length, length, tuple(p.init_state(prompt_ids) for p in processors))
 
 
-def children_maker(
-    processors: Sequence[StatefulLogitsProcessor[Any]],
-) -> Callable[[Sequence[SequenceNode], Sequence[int]], list[SequenceNode]]:
-    """The function from parent nodes and one more token each to their children (the
-    parents are left intact), chosen once for ``processors``: a tracked step calls it
-    once for all its rows."""
+# Parent nodes and one more token each -> their children (the parents left intact).
+Children = Callable[[Sequence[SequenceNode], Sequence[int]], list[SequenceNode]]
+
+
+def children_maker(processors: Sequence[StatefulLogitsProcessor[Any]]) -> Children:
+    """The :data:`Children` function of ``processors``, chosen once for them: a tracked
+    step calls it once for all its rows."""
     if len(processors) == 1 and not processors[0].mutable_state:
         # One immutable state (a grammar's cursor, a penalty's counts), the usual case:
         # one comprehension, no per-row loop over the processors.
@@ -87,20 +88,12 @@ def children_maker(
     ]
 
 
-def child_node(
-    processors: Sequence[StatefulLogitsProcessor[Any]], parent: SequenceNode, token_id: int
-) -> SequenceNode:
-    """The node after ``token_id`` is appended to ``parent``; ``parent`` is left intact."""
-    return descendant_node(processors, parent, [token_id])
-
-
 def descendant_node(
-    processors: Sequence[StatefulLogitsProcessor[Any]],
-    node: SequenceNode,
-    token_ids: Iterable[int],
+    children: Children, node: SequenceNode, token_ids: Iterable[int]
 ) -> SequenceNode:
-    """The node after ``token_ids`` are appended to ``node``, one at a time."""
-    children = children_maker(processors)
+    """The node after ``token_ids`` are appended to ``node``, one at a time, by
+    ``children`` (a pipeline's :attr:`~anylogits.core.pipeline.Pipeline.children`);
+    ``node`` is left intact."""
     for token_id in token_ids:
         node = children([node], [token_id])[0]
     return node
