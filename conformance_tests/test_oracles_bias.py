@@ -237,9 +237,12 @@ def test_cite_from_prompt_matches_the_zoo(peer: Peer, data) -> None:
     # A small pool of ids, so prompts repeat tokens and generated ones follow in them.
     pool = torch.randint(0, logits.width, (6,), generator=logits.generator).tolist()
     prompts = draw_prompts(data, logits, pool)
+    # One prompt token stays finite, so that the boost shows even when -inf covers the
+    # rest of the pool and nothing is spiked (a boosted -inf is still -inf).
+    finite = [int(prompts[0, 0])]
 
     def next_logits(step: int, ids: torch.Tensor) -> torch.Tensor:
-        return logits.next(logits.spikes(pool, 0.6))
+        return logits.next(logits.spikes(pool, 0.6), finite)
 
     oracle = peer.zoo.CiteFromPromptLogitsProcessor(
         peer.tokenizer, boost_factor, boost_eos=boost_eos, conditional_boost_factor=conditional

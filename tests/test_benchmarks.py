@@ -131,3 +131,32 @@ def test_cost_at_limits_runs() -> None:
     from benchmarks.bench_limits import CostAtLimits
 
     run(CostAtLimits(), "track_at_limits_over_typical", "dry", 1)
+
+
+def test_schema_corpus_sides_walk_the_grammar_they_kept() -> None:
+    """Both sides compile a schema once, at its first mask, and every walk copies that
+    compiled grammar: copies share the lexer llguidance builds lazily, so a side that
+    compiled afresh per walk would pay for that lexer where the other does not."""
+    pytest.importorskip("llguidance")
+    from benchmarks import bench_schema_corpus, schema_walks
+
+    from anylogits.processors.structured import engine
+
+    vocab = bench_schema_corpus._Vocab("128k")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    path = vocab.path(schema)
+    assert path
+    compiles = []
+    fresh = vocab.matcher
+    vocab.matcher = lambda schema: compiles.append(schema) or fresh(schema)
+    schema_walks.first_mask_direct(vocab, schema)
+    schema_walks.first_mask_ours(vocab, schema)
+    ours_compiled = engine.COMPILED.stats().misses
+    for batch in (1, 32):
+        assert len(schema_walks.walk_direct(vocab, schema, path, batch)) == len(path)
+        assert len(schema_walks.walk_ours(vocab, schema, path, batch)) == len(path)
+    schema_walks.requests_direct(vocab, [(schema, path)])
+    assert compiles == [schema]
+    assert engine.COMPILED.stats().misses == ours_compiled
+    schema_walks.clear_compiled(vocab)
+    assert not vocab.templates and not engine.COMPILED.stats().entries

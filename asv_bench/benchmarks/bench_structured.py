@@ -7,7 +7,8 @@ cost is the mean over the path's tokens (forced keys and numbers are cheap, free
 string positions are not); each row starts from its own token, so rows are distinct
 sequences as in a real batch. Direct: llguidance's public torch path,
 ``fill_next_token_bitmask_par`` + ``apply_token_bitmask_inplace`` (a ``torch.compile``
-kernel) + ``consume_token`` per row. Ours: the processor through the transformers hook
+kernel) + ``consume_token`` per row, every row a copy of one matcher compiled once (as
+ours copies its cached compiled grammar). Ours: the processor through the transformers hook
 (``for_transformers``), fed the growing ``(B, L)`` history as ``generate`` feeds it
 (tracker included; the hook leaves transformers' logits untouched and returns new
 ones). Outlines: its llguidance backend (``LLGuidanceBackend``, issue 17's comparison)
@@ -70,6 +71,7 @@ class StructuredPerToken:
         self.tokenizer, self.vocab, self.schema, self.path = _setup()
         self.batch = batch
         self.logits = torch.randn(batch, 128_256)
+        self._template: Any = None  # the direct side's compiled matcher
 
     def ours(self) -> float:
         from anylogits import JSONSchema, for_transformers
@@ -107,7 +109,12 @@ class StructuredPerToken:
         # llguidance's own apply compiles its kernel (torch.compile) on the first call.
         llg_torch.apply_token_bitmask_inplace(self.logits.clone(), _all_allowed(self.logits))
         tokenizer = ENGINE.tokenizer(self.vocab)  # type: ignore[attr-defined]
-        matchers = [llguidance.LLMatcher(tokenizer, grammar) for _ in range(self.batch)]
+        # Compiled once and copied for every row and walk, as ours copies its compiled
+        # grammar: copies share the lexer llguidance builds lazily, which 32 matchers
+        # compiled apart would each build again.
+        if self._template is None:
+            self._template = llguidance.LLMatcher(tokenizer, grammar)
+        matchers = [self._template.deep_copy() for _ in range(self.batch)]
         executor = llguidance.LLExecutor()
         bitmask = llg_torch.allocate_token_bitmask(self.batch, tokenizer.vocab_size)
         rows = list(enumerate(matchers))

@@ -27,7 +27,13 @@ def forward_pass() -> None:
     _FORWARD[0].mul_(1.0)
 
 
-def clear_compiled() -> None:
+def clear_compiled(vocab: Any) -> None:
+    """Forget both sides' compiled grammars."""
+    _clear_ours()
+    vocab.templates.clear()
+
+
+def _clear_ours() -> None:
     from anylogits.processors.structured import engine
 
     engine.COMPILED.clear()
@@ -35,9 +41,11 @@ def clear_compiled() -> None:
 
 
 def first_mask_ours(vocab: Any, schema: dict) -> float:
+    """Each side compiles afresh (its kept grammars forgotten); the compiled grammar is
+    kept for the walks that follow, on both sides."""
     from anylogits import JSONSchema, for_transformers
 
-    clear_compiled()
+    _clear_ours()
     ids = torch.zeros(1, 1, dtype=torch.long)
     logits = vocab.logits[1].clone()
     start = time.perf_counter()
@@ -49,13 +57,16 @@ def first_mask_ours(vocab: Any, schema: dict) -> float:
 def first_mask_direct(vocab: Any, schema: dict) -> float:
     import llguidance.torch
 
+    vocab.templates.clear()
     logits = vocab.logits[1].clone()
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
     start = time.perf_counter()
     matcher = vocab.matcher(schema)
     llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
     llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    vocab.keep(schema, matcher)
+    return elapsed
 
 
 def walk_ours(
@@ -97,7 +108,7 @@ def walk_direct(
     import llguidance
     import llguidance.torch
 
-    template = vocab.matcher(schema)
+    template = vocab.template(schema)
     matchers = [template.deep_copy() for _ in range(batch)]
     rows = [(matcher, row) for row, matcher in enumerate(matchers)]
     executor = llguidance.LLExecutor()
@@ -178,7 +189,7 @@ def requests_direct(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[flo
     import llguidance
     import llguidance.torch
 
-    matchers = [vocab.matcher(schema) for schema, _ in walks]
+    matchers = [vocab.template(schema).deep_copy() for schema, _ in walks]
     rows = [(matcher, row) for row, matcher in enumerate(matchers)]
     executor = llguidance.LLExecutor()
     bitmask = llguidance.torch.allocate_token_bitmask(len(walks), vocab.direct_tokenizer.vocab_size)
