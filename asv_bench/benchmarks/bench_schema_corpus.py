@@ -205,7 +205,7 @@ class _Vocab:
 
     def template(self, schema: dict) -> Any:
         """The direct side's kept matcher of ``schema`` (compiled on first use), which
-        its walks copy as anylogits' copy its compiled grammar's."""
+        its walks copy, as anylogits' walks copy its compiled grammar."""
         template = self.templates.get(json.dumps(schema, sort_keys=True))
         return self.keep(schema, self.matcher(schema)) if template is None else template
 
