@@ -132,6 +132,34 @@ def test_a_forbidden_token_ends_only_the_sequences_that_took_it() -> None:
     ]
 
 
+def test_one_sequence_that_took_a_forbidden_token_is_ended() -> None:
+    engine = LLGuidanceEngine()
+    start = GrammarCursor.start(engine, engine.start(Regex("a+").grammar, VOCAB))
+    assert masks(engine, [start.advance(2)]) == [ENDED.tolist()]
+    assert masks(engine, [start.advance(0)]) == [fresh_mask(engine, Regex("a+").grammar, [0])]
+
+
+@pytest.mark.parametrize(
+    "bitmask",
+    [
+        torch.zeros(2, WORDS, dtype=torch.int64),
+        torch.zeros(4, WORDS, dtype=torch.int32)[::2],
+    ],
+    ids=["int64", "strided"],
+)
+def test_llguidance_never_writes_through_a_bitmask_of_another_layout(
+    bitmask: torch.Tensor,
+) -> None:
+    # llguidance writes a mask through the tensor's address: one row or several, a tensor
+    # of another layout is refused before it writes anything.
+    engine = LLGuidanceEngine()
+    matchers = [engine.start(Regex("a+").grammar, VOCAB) for _ in range(2)]
+    with pytest.raises(ValueError, match="contiguous int32 CPU tensor"):
+        engine.fill_row(matchers[0], bitmask, 1)
+    with pytest.raises(ValueError, match="contiguous int32 CPU tensor"):
+        engine.fill([(matchers[0], 0), (matchers[1], 1)], bitmask)
+
+
 def test_the_first_sequence_takes_the_matcher_that_computed_the_first_mask() -> None:
     engine = LLGuidanceEngine()
     grammar = Regex("(ab)+c").grammar

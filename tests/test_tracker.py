@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from anylogits import MinNewTokens, Pipeline
 from anylogits.core.tracker import SequenceTracker
@@ -301,3 +303,56 @@ def test_a_strided_history_extends_like_a_contiguous_one(probe: GeneratedHashBia
     assert (node.length, node.prompt_length) == (6, 5)
     assert node.states[0] == generated_hash([int(storage[1, 10])])
     assert probe.init_calls == 2 and probe.advance_calls == 2
+
+
+# One call: every row gains a token ("step", a decoding step: the unkeyed fast path),
+# beams fork from the last call's rows ("fork"), rows go back to the rows of a call at
+# most `max_idle_calls - 1` calls ago plus a token ("rollback": rejected drafts), or gain
+# several tokens at once ("drafts").
+CALLS = st.lists(
+    st.one_of(
+        st.tuples(st.just("step"), st.lists(st.integers(0, 49), min_size=3, max_size=3)),
+        st.tuples(
+            st.just("fork"),
+            st.lists(st.tuples(st.integers(0, 2), st.integers(0, 49)), min_size=3, max_size=3),
+        ),
+        st.tuples(st.just("rollback"), st.integers(1, 3), st.integers(0, 49)),
+        st.tuples(st.just("drafts"), st.lists(st.integers(0, 49), min_size=2, max_size=3)),
+    ),
+    min_size=20,
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(calls=CALLS, max_idle_calls=st.integers(4, 6))
+def test_every_row_within_the_idle_window_keeps_its_sequence(
+    calls: list[tuple], max_idle_calls: int
+) -> None:
+    # Every row descends from a row of the last `max_idle_calls - 1` calls, so none may be
+    # taken for a new prompt: each state is the hash of what the row generated, while
+    # the window frees everything older (steps keyed late, forks and rollbacks at once).
+    probe = GeneratedHashBias()
+    tracker = SequenceTracker([probe], max_idle_calls=max_idle_calls)
+    prompt = 2
+    rows = [[7, row] for row in range(3)]
+    tracker.locate(torch.tensor(rows))  # the prompts
+    history = [rows]
+    for call in calls:
+        kind = call[0]
+        if kind == "step":
+            rows = [[*row, token] for row, token in zip(rows, call[1], strict=True)]
+        elif kind == "fork":
+            rows = [[*rows[parent], token] for parent, token in call[1]]
+        elif kind == "rollback":
+            back = min(call[1], len(history), max_idle_calls - 1)
+            rows = [[*row, call[2]] for row in history[-back]]
+        else:
+            rows = [row + call[1] for row in rows]
+        nodes = tracker.locate(torch.tensor(rows))
+        assert [node.states[0] for node in nodes] == [generated_hash(row[prompt:]) for row in rows]
+        assert [node.prompt_length for node in nodes] == [prompt] * len(rows)
+        history.append(rows)
+    # A bounded window: at most the rows of the last calls, each with its parent and the
+    # prefixes a call of drafts replays.
+    assert len(tracker) <= 3 * 4 * max_idle_calls

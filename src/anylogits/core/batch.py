@@ -38,6 +38,20 @@ class Batch:
             its source made it.
     """
 
+    __slots__ = (
+        "_host_token_ids",
+        "_lengths",
+        "_prompt_lengths",
+        "_source_token_ids",
+        "_states",
+        "_token_ids",
+        "_token_source",
+        "device",
+        "rows_are_full",
+        "size",
+        "vocab",
+    )
+
     def __init__(
         self,
         size: int,

@@ -14,6 +14,7 @@ passes the checked specs and an :class:`OutputFeed` or a :data:`CommittedReader`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -335,7 +336,7 @@ def _host_batch(
             synced = True
 
     states: dict[int, Sequence[Any]] = {}
-    prompt_lengths = None
+    prompt_lengths: Callable[[], torch.Tensor] | None = None
     if pipeline.tracker is not None:
         sync()
         nodes = [
@@ -345,7 +346,7 @@ def _host_batch(
             id(processor): [node.states[k] for node in nodes]
             for k, processor in enumerate(pipeline.stateful)
         }
-        prompt_lengths = torch.tensor([r.prompt_length for r in requests])
+        prompt_lengths = functools.partial(_prompt_lengths, requests)  # when read
 
     def history() -> torch.Tensor:
         sync()
@@ -366,6 +367,10 @@ def _host_batch(
     )
 
 
+def _prompt_lengths(requests: list[SlotRequest]) -> torch.Tensor:
+    return torch.tensor([request.prompt_length for request in requests])
+
+
 def _device_batch(
     pipeline: Pipeline, row_group: RowGroup, history: DeviceHistory, device: torch.device
 ) -> Batch:
@@ -380,7 +385,7 @@ def _device_batch(
 
     prompt_lengths = None
     if pipeline.tracker is not None:
-        prompt_lengths = torch.tensor([r.prompt_length for r in row_group.requests])
+        prompt_lengths = _prompt_lengths(row_group.requests)
     return Batch(
         len(row_group.requests),
         lambda: rows()[0],

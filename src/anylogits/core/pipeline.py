@@ -132,6 +132,7 @@ class Pipeline:
         for processor in self.processors:
             processor.bind(vocab)
         self._stateful = tuple(p for p in flat if isinstance(p, StatefulLogitsProcessor))
+        self._state_keys = tuple(id(processor) for processor in self._stateful)
         # How an engine that knows its rows (slots) advances their nodes, made once.
         self.children = children_maker(self._stateful)
         needs_tracking = any(p.needs_sequences for p in flat)
@@ -270,8 +271,8 @@ class Pipeline:
             raise ValueError(f"token_ids has {ids.shape[0]} rows but logits have {size}")
         nodes = self.tracker.locate(ids, lengths)
         states: dict[int, Sequence[Any]] = {
-            id(processor): [node.states[index] for node in nodes]
-            for index, processor in enumerate(self._stateful)
+            key: [node.states[index] for node in nodes]
+            for index, key in enumerate(self._state_keys)
         }
         return Batch(
             size,

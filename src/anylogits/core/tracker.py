@@ -16,6 +16,7 @@ hashed there: only the hashes and the new token come back to the host, not the h
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -104,10 +105,12 @@ def _token_bytes(ids: torch.Tensor) -> bytes:
     compares with its own prefix by ``memcmp``. At one row this is a quarter of what
     ``torch.equal`` on a slice, ``select().tolist()`` and ``clone()`` cost (~2 against
     ~10 us per token, dispatch overhead), and as fast at 4k tokens."""
-    if not ids.numel():
+    count = ids.numel()
+    if not count:
         return b""
-    ids = ids.contiguous()
-    return ctypes.string_at(ids.data_ptr(), 8 * ids.numel())
+    if not ids.is_contiguous():  # contiguous() dispatches even when it returns ids
+        ids = ids.contiguous()
+    return ctypes.string_at(ids.data_ptr(), 8 * count)
 
 
 def _rows_extend(tokens: bytes, last_tokens: bytes, batch: int, previous: int) -> bool:
@@ -250,7 +253,6 @@ class SequenceTracker:
             lengths: ``(B,)`` real tokens per row; ``None`` when every row fills ``L``.
         """
         self._clock += 1
-        self._touched.append((self._clock, []))
         if not token_ids.is_cpu and lengths is None:
             return self._locate_on_device(token_ids)
         ids = token_ids
@@ -386,10 +388,15 @@ class SequenceTracker:
         if batch == 1:
             if tokens[: 8 * previous] != self._last_tokens:
                 return None
-        elif not _rows_extend(tokens, self._last_tokens, batch, previous):
-            return None
-        last = memoryview(tokens).cast("q")[previous::width].tolist()
-        _check_token_range(min(last), max(last))
+            token_id = int.from_bytes(tokens[-8:], sys.byteorder, signed=True)
+            if not 0 <= token_id < _MAX_TOKEN_ID:
+                _check_token_range(token_id, token_id)
+            last = [token_id]
+        else:
+            if not _rows_extend(tokens, self._last_tokens, batch, previous):
+                return None
+            last = memoryview(tokens).cast("q")[previous::width].tolist()
+            _check_token_range(min(last), max(last))
         columns = self._weights.columns
         if width > len(columns):
             self._position_weights(width)
@@ -420,9 +427,10 @@ class SequenceTracker:
         if not self._unregistered:
             return
         known, counts, touched = self._nodes, self._length_counts, self._touched
-        first_clock = touched[0][0]
         for clock, width, hashes, nodes in self._unregistered:
-            keys = touched[clock - first_clock][1]
+            # Later than every call touched so far: the calls since the last lookup.
+            keys: list[tuple[int, int, int]] = []
+            touched.append((clock, keys))
             for (first, second), node in zip(hashes, nodes, strict=True):
                 key = (width, first, second)
                 if key not in known:
@@ -503,7 +511,11 @@ class SequenceTracker:
             self._length_counts[key[0]] += 1
             self._nodes[key] = node
         node.last_seen = self._clock
-        self._touched[-1][1].append(key)
+        touched = self._touched
+        # Only calls that touch a key have an entry (plain decoding steps touch none).
+        if not touched or touched[-1][0] != self._clock:
+            touched.append((self._clock, []))
+        touched[-1][1].append(key)
 
     def _expire(self) -> None:
         horizon = self._clock - self.max_idle_calls

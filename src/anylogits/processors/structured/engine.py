@@ -64,6 +64,9 @@ class GrammarEngine(Protocol):
         matcher ran out of its per-token budget or reached a prefix nothing extends (their
         sequences end); raise ``RuntimeError`` if the engine fails otherwise."""
 
+    def fill_row(self, matcher: Any, bitmask: torch.Tensor, row: int) -> bool:
+        """:meth:`fill` of one matcher: whether its sequence ends."""
+
 
 class StructuredUnavailable(ImportError):
     """llguidance, the structured processors' engine, is not installed in this process."""
@@ -355,43 +358,55 @@ class LLGuidanceEngine:
     def fill(self, work: list[tuple[Any, int]], bitmask: torch.Tensor) -> list[int]:
         if not work:
             return []
-        if bitmask.dtype is not torch.int32 or not bitmask.is_cpu or not bitmask.is_contiguous():
-            raise ValueError("the bitmask must be a contiguous int32 CPU tensor")
-        rows, words = bitmask.shape
         if len(work) == 1:
-            # One row (a single sequence's step): the matcher itself, as
-            # llguidance.torch.fill_next_token_bitmask does, not the thread pool.
             matcher, row = work[0]
-            matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + 4 * words * row, 4 * words)
-        else:
-            if self._executor is None:
-                self._executor = load_llguidance().LLExecutor()
-            # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
-            self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
-        ended = []
-        for matcher, row in work:
-            # Refused tokens are never consumed, so an error state is either the grammar's
-            # per-token budget run out (a limit the spec reached: its sequence ends, as
-            # on a server) or a failure inside the engine, such as the tokenizer it
-            # calls back having been freed: raise rather than quietly force EOS.
-            if matcher.is_error():
-                error = matcher.get_error()
-                if _ran_out_of_budget(error):
-                    logger.warning(
-                        "a grammar ran out of its per-token budget (anylogits limits "
-                        "'grammar_step_items', 'grammar_step_fuel'): its sequence ends. %s",
-                        error.splitlines()[0],
-                    )
-                elif error.startswith(_DEAD_END):
-                    logger.warning(
-                        "a grammar allows no token after this prefix (it cannot be "
-                        "completed): its sequence ends. %s",
-                        error.splitlines()[0],
-                    )
-                else:
-                    raise RuntimeError(f"llguidance failed to compute a mask: {error}")
-                ended.append(row)
-        return ended
+            return [row] if self.fill_row(matcher, bitmask, row) else []
+        _check_bitmask(bitmask)
+        rows, words = bitmask.shape
+        if self._executor is None:
+            self._executor = load_llguidance().LLExecutor()
+        # What llguidance.torch.fill_next_token_bitmask_par does, minus its asserts.
+        self._executor.unsafe_compute_mask_ptr(work, bitmask.data_ptr(), 4 * words, rows)
+        return [row for matcher, row in work if matcher.is_error() and _ended(matcher)]
+
+    def fill_row(self, matcher: Any, bitmask: torch.Tensor, row: int) -> bool:
+        # One row (a single sequence's step): the matcher itself, as
+        # llguidance.torch.fill_next_token_bitmask does, not the thread pool.
+        _check_bitmask(bitmask)
+        size = 4 * bitmask.shape[1]
+        matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + size * row, size)
+        return matcher.is_error() and _ended(matcher)
+
+
+def _check_bitmask(bitmask: torch.Tensor) -> None:
+    # llguidance writes through the tensor's address.
+    if bitmask.dtype is not torch.int32 or not bitmask.is_cpu or not bitmask.is_contiguous():
+        raise ValueError("the bitmask must be a contiguous int32 CPU tensor")
+
+
+def _ended(matcher: Any) -> bool:
+    """``True`` for a matcher in its error state whose sequence ends (its row gets EOS).
+
+    Refused tokens are never consumed, so an error state is either the grammar's
+    per-token budget run out (a limit the spec reached: its sequence ends, as on a
+    server) or a failure inside the engine, such as the tokenizer it calls back having
+    been freed: that raises rather than quietly forcing EOS."""
+    error = matcher.get_error()
+    if _ran_out_of_budget(error):
+        logger.warning(
+            "a grammar ran out of its per-token budget (anylogits limits "
+            "'grammar_step_items', 'grammar_step_fuel'): its sequence ends. %s",
+            error.splitlines()[0],
+        )
+    elif error.startswith(_DEAD_END):
+        logger.warning(
+            "a grammar allows no token after this prefix (it cannot be completed): its "
+            "sequence ends. %s",
+            error.splitlines()[0],
+        )
+    else:
+        raise RuntimeError(f"llguidance failed to compute a mask: {error}")
+    return True
 
 
 # How llguidance says a matcher ran out of its per-token budget (LLParserLimits: Earley

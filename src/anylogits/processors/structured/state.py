@@ -116,25 +116,30 @@ def fill_bitmask(
     and copied; rows whose sequence is over (a refused token, or the grammar's per-token
     budget run out) get ``ended_row`` (EOS only).
     """
-    if len(cursors) == 1 or len({id(cursor.line) for cursor in cursors}) == len(cursors):
-        # Every row on its own line (the usual decoding step): one round, no grouping.
-        rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
-    else:
-        rounds = _rounds(cursors)
+    if len(cursors) == 1:
+        # One sequence's step, the most frequent call.
+        matcher = _matcher_or_written(cursors[0].line, cursors[0].depth, bitmask, 0, ended_row)
+        if matcher is not None and engine.fill_row(matcher, bitmask, 0):
+            bitmask[0] = ended_row
+        return
+    if len({id(cursor.line) for cursor in cursors}) == len(cursors):
+        # Every row on its own line (a decoding step of several sequences): one round.
+        filled = []
+        for row, cursor in enumerate(cursors):
+            matcher = _matcher_or_written(cursor.line, cursor.depth, bitmask, row, ended_row)
+            if matcher is not None:
+                filled.append((matcher, row))
+        for row in engine.fill(filled, bitmask):
+            bitmask[row] = ended_row
+        return
     copies: list[tuple[int, int]] = []
-    for work in rounds:
+    for work in _rounds(cursors):
         filled = []
         for line, depth, rows in work:
-            if depth == 0 and line.first_row is not None:
-                _set_rows(bitmask, rows, line.first_row)
-                continue
-            matcher = line.matcher_at(depth)
-            if matcher is None:
-                _set_rows(bitmask, rows, ended_row)
-                continue
-            filled.append((matcher, rows[0]))
-            if len(rows) > 1:
-                copies.extend((row, rows[0]) for row in rows[1:])
+            matcher = _matcher_or_written(line, depth, bitmask, rows[0], ended_row)
+            if matcher is not None:
+                filled.append((matcher, rows[0]))
+            copies.extend((row, rows[0]) for row in rows[1:])
         for row in engine.fill(filled, bitmask):
             bitmask[row] = ended_row
     if copies:
@@ -142,11 +147,18 @@ def fill_bitmask(
         bitmask[list(targets)] = bitmask[list(sources)]
 
 
-def _set_rows(bitmask: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
-    if len(rows) == 1:
-        bitmask[rows[0]] = values  # a plain row copy; a list index takes the gather path
-    else:
-        bitmask[rows] = values
+def _matcher_or_written(
+    line: MatcherLine, depth: int, bitmask: torch.Tensor, row: int, ended_row: torch.Tensor
+) -> Any | None:
+    """The matcher to fill ``row`` from, or ``None`` where the row is written here: the
+    first mask, known from compiling, or ``ended_row`` once the sequence is over."""
+    if depth == 0 and line.first_row is not None:
+        bitmask[row] = line.first_row
+        return None
+    matcher = line.matcher_at(depth)
+    if matcher is None:
+        bitmask[row] = ended_row
+    return matcher
 
 
 def _rounds(cursors: Sequence[GrammarCursor]) -> list[list[tuple[MatcherLine, int, list[int]]]]:
