@@ -389,8 +389,7 @@ class SequenceTracker:
             if tokens[: 8 * previous] != self._last_tokens:
                 return None
             token_id = int.from_bytes(tokens[-8:], sys.byteorder, signed=True)
-            if not 0 <= token_id < _MAX_TOKEN_ID:
-                _check_token_range(token_id, token_id)
+            _check_token_range(token_id, token_id)
             last = [token_id]
         else:
             if not _rows_extend(tokens, self._last_tokens, batch, previous):

@@ -123,23 +123,20 @@ def fill_bitmask(
             bitmask[0] = ended_row
         return
     if len({id(cursor.line) for cursor in cursors}) == len(cursors):
-        # Every row on its own line (a decoding step of several sequences): one round.
-        filled = []
-        for row, cursor in enumerate(cursors):
-            matcher = _matcher_or_written(cursor.line, cursor.depth, bitmask, row, ended_row)
-            if matcher is not None:
-                filled.append((matcher, row))
-        for row in engine.fill(filled, bitmask):
-            bitmask[row] = ended_row
-        return
+        # Every row on its own line (a decoding step of several sequences): one round,
+        # no grouping.
+        rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
+    else:
+        rounds = _rounds(cursors)
     copies: list[tuple[int, int]] = []
-    for work in _rounds(cursors):
+    for work in rounds:
         filled = []
         for line, depth, rows in work:
             matcher = _matcher_or_written(line, depth, bitmask, rows[0], ended_row)
             if matcher is not None:
                 filled.append((matcher, rows[0]))
-            copies.extend((row, rows[0]) for row in rows[1:])
+            if len(rows) > 1:
+                copies.extend((row, rows[0]) for row in rows[1:])
         for row in engine.fill(filled, bitmask):
             bitmask[row] = ended_row
     if copies:
