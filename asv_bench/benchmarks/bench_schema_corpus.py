@@ -31,7 +31,11 @@ each step's, ours over llguidance's):
   hook's default: the masked logits go to another tensor), the ``_in_place`` ones mask
   them (``in_place=True``), as llguidance does. Direct: ``consume_token`` per row,
   ``fill_next_token_bitmask`` (B=1) or ``fill_next_token_bitmask_par`` (B=32) and
-  ``apply_token_bitmask_inplace``. A step on either side consumes the token the last
+  ``apply_token_bitmask_inplace``. ``mask_b32_in_place_rows``: ``mask_b32_in_place``
+  against llguidance filling the 32 rows one after another in the calling thread
+  (``fill_next_token_bitmask`` per row) instead of with its pool: its faster path where
+  its default pool has one thread (80% of the CPUs: a 2-core machine), which is what
+  anylogits does there. A step on either side consumes the token the last
   step allowed, then fills and applies (ours consumes lazily, at the fill): the same
   work between the same two forwards, so the steps pair up (llguidance's ``consume`` of
   one token can cost more than its fill, and counted in the step before on one side only
@@ -86,15 +90,18 @@ MEASURES = [
     "mask_b1_after_forward",
     "mask_b32",
     "mask_b32_in_place",
+    "mask_b32_in_place_rows",
     "requests_b32",
 ]
-# The walks: (measure, rows, the hook's in_place, a forward's memory pass between steps).
+# The walks: (measure, rows, the hook's in_place, a forward's memory pass between steps,
+# whether llguidance fills several rows with its pool).
 WALKS = (
-    ("mask_b1", 1, False, False),
-    ("mask_b1_in_place", 1, True, False),
-    ("mask_b1_after_forward", 1, False, True),
-    ("mask_b32", 32, False, False),
-    ("mask_b32_in_place", 32, True, False),
+    ("mask_b1", 1, False, False, True),
+    ("mask_b1_in_place", 1, True, False, True),
+    ("mask_b1_after_forward", 1, False, True, True),
+    ("mask_b32", 32, False, False, True),
+    ("mask_b32_in_place", 32, True, False, True),
+    ("mask_b32_in_place_rows", 32, True, False, False),
 )
 QUANTILES = [50, 95, 99]
 SAMPLE = 40
@@ -102,7 +109,9 @@ LARGEST = 8
 PATH_TOKENS = 64
 # ``requests_b32``: requests (one schema each) in one batch, and walks of them.
 REQUESTS = 32
-REQUEST_REPEATS = 6
+# The shortest of those paths has 14 tokens: 168 steps per side (with 84, the ratio of
+# the medians moved by up to 0.15 between runs).
+REQUEST_REPEATS = 12
 # The example instances: optional scalar properties per object, nesting depth.
 OPTIONAL_KEYS = 4
 MAX_DEPTH = 5
@@ -308,12 +317,14 @@ def measure(
             path = vocab.path(schema)
             if path is None:  # this vocabulary's tokens of the example are refused
                 continue
-            for walk, batch, in_place, forward in WALKS:
+            for walk, batch, in_place, forward, pool in WALKS:
                 ours_steps, direct_steps = _pair(
                     lambda *args, in_place=in_place, forward=forward: sides.walk_ours(
                         *args, in_place=in_place, forward=forward
                     ),
-                    lambda *args, forward=forward: sides.walk_direct(*args, forward=forward),
+                    lambda *args, forward=forward, pool=pool: sides.walk_direct(
+                        *args, forward=forward, pool=pool
+                    ),
                     swap,
                     vocab,
                     schema,

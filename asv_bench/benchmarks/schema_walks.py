@@ -100,11 +100,12 @@ def walk_ours(
 
 
 def walk_direct(
-    vocab: Any, schema: dict, path: list[int], batch: int, forward: bool = False
+    vocab: Any, schema: dict, path: list[int], batch: int, forward: bool = False, pool: bool = True
 ) -> list[float]:
     """Seconds per consume + fill + apply along ``path``, the first mask left out: each
     step consumes the token the last one allowed, as ours does (the same work in the
-    same step on both sides)."""
+    same step on both sides). Several rows are filled by llguidance's pool, or, without
+    ``pool``, one after another in this thread."""
     import llguidance
     import llguidance.torch
 
@@ -124,8 +125,11 @@ def walk_direct(
                 matcher.consume_token(path[index - 1])
         if batch == 1:
             llguidance.torch.fill_next_token_bitmask(matchers[0], bitmask)
-        else:
+        elif pool:
             llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
+        else:
+            for matcher, row in rows:
+                llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
         llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
         elapsed = time.perf_counter() - start
         if index:

@@ -13,7 +13,8 @@ the rest of this package is the way there, in order:
 - ``mask``: the packed ``(B, ceil(V/32))`` bitmask applied to the logits.
 
 Per call, every row's allowed tokens are computed on the CPU into one packed int32
-bitmask, in parallel, and applied to the logits with one vectorized op. EOS is allowed
+bitmask (by llguidance's threads, without the GIL, where it has more than one) and
+applied to the logits with one vectorized op. EOS is allowed
 exactly when the grammar accepts. Engine: llguidance (``pip install 'anylogits[structured]'``).
 """
 
@@ -124,7 +125,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     def stack(cls, processors: Sequence[Any]) -> LogitsProcessor | None:
         """The rows of many requests' grammars, of one vocabulary, in one call: each
         row's state is its own request's cursor, so one :class:`_StackedGrammars` fills
-        every row's mask at once (llguidance's threads, without the GIL) and applies
+        every row's mask in one call (llguidance's threads, without the GIL) and applies
         them in one pass, where each request's processor would fill and apply its rows
         apart."""
         vocab = processors[0].vocab

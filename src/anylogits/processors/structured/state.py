@@ -112,7 +112,7 @@ def fill_bitmask(
 
     A line's matcher can be at one depth at a time, so the distinct depths of each line
     (draft positions of one request) are filled in rounds, shallowest first, every
-    line's matcher in parallel within a round. Rows in the same state are filled once
+    line's matcher in one engine call within a round. Rows in the same state are filled once
     and copied; rows whose sequence is over (a refused token, or the grammar's per-token
     budget run out) get ``ended_row`` (EOS only).
     """
