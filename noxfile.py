@@ -123,7 +123,8 @@ def llama_cpp_wheel(session: nox.Session) -> str:
             },
         )
         wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
-    return str(wheels[-1])
+    # `nox -R` (--no-install) skips the build, and the install that would use it.
+    return str(wheels[-1]) if wheels else f"llama-cpp-python=={LLAMA_CPP_VERSION}"
 
 
 @nox.session
