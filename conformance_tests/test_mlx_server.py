@@ -46,6 +46,12 @@ def test_what_the_wiring_relies_on_is_there() -> None:
     for call in ("self.prompt_cache.fetch_nearest_cache(", "stream_generate(", "prompt=rest"):
         assert call in serve_single, f"the unbatched path no longer calls {call}"
     assert "LRUPromptCache(" in inspect.getsource(server.run)
+    from anylogits.adapters.mlx import batch
+
+    assert batch.step_is_the_one_copied(), (
+        "mlx_lm.generate.GenerationBatch._step changed: copy it anew into "
+        "anylogits.adapters.mlx.batch.batched_step and update STEP_SHA256"
+    )
 
 
 def test_a_list_prompt_is_a_400_and_the_server_serves_on(

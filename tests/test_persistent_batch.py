@@ -45,6 +45,26 @@ def test_specs_in_any_spelling_and_tokens_from_an_output_feed() -> None:
     assert torch.equal(slots.process(logits.clone())[:3], logits[:3])
 
 
+def test_rows_named_by_slot_follow_their_requests_and_reuse_the_layout() -> None:
+    slots = PersistentBatch(VOCAB)
+    slots.put(0, to_specs([LogitBias({1: 5.0})]), prompt_ids=[1])
+    slots.put(4, to_specs([LogitBias({2: 5.0})]), prompt_ids=[1])
+
+    def biased(row_slots: list[int]) -> list[int | None]:
+        out = slots.process(torch.zeros(3, 8), row_slots)
+        return [int(row.argmax()) if row.any() else None for row in out]
+
+    assert biased([0, 9, 4]) == [1, None, 2]
+    layout = slots._layout
+    assert layout is not None
+    assert biased([0, 9, 4]) == [1, None, 2]
+    assert slots._layout is layout, "the same slots, step after step, built their layout again"
+    assert biased([4, 0, 9]) == [2, 1, None]
+    assert biased([0, 9, 4]) == [1, None, 2]
+    slots.remove(0)
+    assert biased([0, 9, 4]) == [None, None, 2]
+
+
 def test_committed_tokens_read_from_the_engine_per_call() -> None:
     slots = PersistentBatch(VOCAB)
     held = {2: [1, 2, 6]}  # what the engine holds per slot: prompt + committed output

@@ -52,6 +52,14 @@ each step's, ours over llguidance's):
   engine pushes them (the requests' grammars stack into one fill and one apply). Direct:
   ``consume_token`` per row, the 32 matchers filled at once
   (``fill_next_token_bitmask_par``), one apply.
+- ``requests_b32_mlx`` (where mlx-lm is installed): the same requests on MLX logits, the
+  processor part of mlx-lm's ``GenerationBatch`` step as ``anylogits serve mlx`` runs it
+  (``adapters.mlx.batch.BatchedHooks``: one copy of the step's logits, one call for the
+  batch), from the model's logits to the processed ones evaluated. Direct: a copy of the
+  logits torch can edit, ``consume_token`` per row, the rows filled one after another in
+  this thread, one apply (llguidance's MLX apply is a Metal kernel).
+  ``requests_b32_mlx_rows``: ours as mlx-lm's own loop runs each row's hook on its row
+  alone (what every release but the one ``BatchedHooks`` copies gets), against the same.
 
 Llguidance direct runs with its own tokenizer from the Hugging Face one
 (``llguidance.hf.from_tokenizer``), as its users run it; ours with anylogits' vocabulary
@@ -66,11 +74,13 @@ the ``track_*`` methods read it.
 
 The two sides' timed code is :mod:`schema_walks`.
 ``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table;
-``... --one-row [VOCAB]`` only ``mask_b1``, each walk three times (:func:`one_row_walks`).
+``... --one-row [VOCAB]`` only ``mask_b1``, each walk three times (:func:`one_row_walks`);
+``... --requests [VOCAB]`` only the ``requests_*`` measures (:func:`walk_requests`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import statistics
@@ -92,6 +102,8 @@ MEASURES = [
     "mask_b32_in_place",
     "mask_b32_in_place_rows",
     "requests_b32",
+    "requests_b32_mlx",
+    "requests_b32_mlx_rows",
 ]
 # The walks: (measure, rows, the hook's in_place, a forward's memory pass between steps,
 # whether llguidance fills several rows with its pool).
@@ -107,6 +119,8 @@ QUANTILES = [50, 95, 99]
 SAMPLE = 40
 LARGEST = 8
 PATH_TOKENS = 64
+# The measures of the requests on mlx-lm's step: its hooks batched, or row by row.
+MLX_REQUESTS = (("requests_b32_mlx", True), ("requests_b32_mlx_rows", False))
 # ``requests_b32``: requests (one schema each) in one batch, and walks of them.
 REQUESTS = 32
 # The shortest of those paths has 14 tokens: 168 steps per side (with 84, the ratio of
@@ -122,6 +136,15 @@ SEED = 35
 
 # {vocab: {measure: (ours' seconds, direct's seconds)}}, one entry per sample.
 Times = dict[str, dict[str, tuple[list[float], list[float]]]]
+
+
+def _has_mlx() -> bool:
+    """Whether mlx-lm is installed, for the ``requests_b32_mlx*`` measures."""
+    try:
+        import mlx_lm.generate  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _require() -> Any:
@@ -333,19 +356,7 @@ def measure(
                 )
                 found[walk][0].extend(ours_steps)
                 found[walk][1].extend(direct_steps)
-        # Per request: the 32 schemas with the longest example paths, each its own
-        # request, walked together for as many steps as the shortest has.
-        walks = sorted(
-            ((s.schema, vocab.path(s.schema)) for s in schemas),
-            key=lambda walk: -len(walk[1] or ()),
-        )[:REQUESTS]
-        if len(walks) == REQUESTS and all(path for _, path in walks):
-            for repeat in range(REQUEST_REPEATS):
-                ours_steps, direct_steps = _pair(
-                    sides.requests_ours, sides.requests_direct, bool(repeat % 2), vocab, walks
-                )
-                found["requests_b32"][0].extend(ours_steps)
-                found["requests_b32"][1].extend(direct_steps)
+        walk_requests(vocab, schemas, found)
         sides.clear_compiled(vocab)
         times[name] = found
         if progress is not None:
@@ -355,6 +366,35 @@ def measure(
                 f"{time.perf_counter() - started:.0f} s"
             )
     return times
+
+
+def walk_requests(
+    vocab: _Vocab,
+    schemas: list[Any],
+    found: dict[str, tuple[list[float], list[float]]],
+    measures: tuple[str, ...] = ("requests_b32", *(m for m, _ in MLX_REQUESTS)),
+    repeats: int = REQUEST_REPEATS,
+) -> None:
+    """The ``requests_*`` ``measures`` into ``found``: the 32 schemas with the longest
+    example paths, each its own request, walked together for as many steps as the
+    shortest has, ``repeats`` times (the mlx ones where mlx-lm is installed)."""
+    walks = sorted(
+        ((s.schema, vocab.path(s.schema)) for s in schemas),
+        key=lambda walk: -len(walk[1] or ()),
+    )[:REQUESTS]
+    if len(walks) < REQUESTS or not all(path for _, path in walks):
+        return
+    sides_of = {"requests_b32": (sides.requests_ours, sides.requests_direct)}
+    if _has_mlx():
+        for mlx_measure, batched in MLX_REQUESTS:
+            ours = functools.partial(sides.requests_mlx_ours, batched=batched)
+            sides_of[mlx_measure] = (ours, sides.requests_mlx_direct)
+    for repeat in range(repeats):
+        for name in measures:
+            if name in sides_of:
+                ours_steps, direct_steps = _pair(*sides_of[name], bool(repeat % 2), vocab, walks)
+                found[name][0].extend(ours_steps)
+                found[name][1].extend(direct_steps)
 
 
 def quantile(values: list[float], q: int) -> float:
@@ -405,6 +445,8 @@ class SchemaCorpus:
     def setup(self, times: Times | None, vocab: str, measure: str) -> None:
         if times is None:
             raise NotImplementedError("needs transformers and llguidance")
+        if not times[vocab][measure][0]:
+            raise NotImplementedError(f"{measure} was not measured here (mlx-lm is not installed)")
 
 
 # track_{ours,direct}_p{50,95,99}_us, track_{ratio,paired_ratio}_p{50,95,99}.
@@ -423,6 +465,8 @@ def table(times: Times) -> str:
     ]
     for vocab, found in times.items():
         for name, (ours, direct) in found.items():
+            if not ours:  # an engine not installed here
+                continue
             unit, scale, digits = ("ms", 1e3, 1) if name == "first_mask" else ("us", 1e6, 0)
             ours_q = [quantile(ours, q) for q in QUANTILES]
             direct_q = [quantile(direct, q) for q in QUANTILES]
@@ -462,6 +506,14 @@ def one_row_walks(vocab: str = "49k", repeats: int = 3) -> tuple[list[float], li
 
 def main(argv: list[str] | None = None) -> None:
     arguments = argv if argv is not None else sys.argv[1:]
+    if arguments[:1] == ["--requests"]:
+        name = arguments[1] if len(arguments) > 1 else "49k"
+        vocab = _Vocab(name)
+        _warm_up(vocab)
+        found: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in MEASURES}
+        walk_requests(vocab, sample_schemas(), found)
+        print(table({name: found}))
+        return
     if arguments[:1] == ["--one-row"]:
         vocab = arguments[1] if len(arguments) > 1 else "49k"
         print(table({vocab: {"mask_b1": one_row_walks(vocab)}}))

@@ -139,17 +139,6 @@ def walk_direct(
     return times
 
 
-class _Feed:
-    """A request's generated tokens, pushed as an engine pushes them."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-
-    def read(self) -> tuple[bool, list[int]]:
-        tokens, self.pending = self.pending, []
-        return False, tokens
-
-
 def requests_ours(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[float]:
     """Seconds per step of ``PersistentBatch`` (what vLLM's and transformers' continuous
     batching adapters call) holding one request per walk, each with its own schema: the
@@ -157,9 +146,10 @@ def requests_ours(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[float
     from anylogits import JSONSchema, to_specs
     from anylogits.core.limits import override
     from anylogits.core.persistent_batch import PersistentBatch
+    from anylogits.core.slot_requests import PushedTokens
 
     batch = PersistentBatch(vocab.vocabulary)
-    feeds = [_Feed() for _ in walks]
+    feeds = [PushedTokens() for _ in walks]
     # Kubernetes schemas reach 240 KB: an operator serving them raises this limit.
     with override(grammar_chars=REQUEST_GRAMMAR_CHARS):
         for slot, ((schema, _), feed) in enumerate(zip(walks, feeds, strict=True)):
@@ -207,6 +197,96 @@ def requests_direct(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[flo
                 matcher.consume_token(path[index - 1])
         llguidance.torch.fill_next_token_bitmask_par(executor, rows, bitmask)
         llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+    return times
+
+
+def requests_mlx_ours(
+    vocab: Any, walks: list[tuple[dict, list[int]]], batched: bool = True
+) -> list[float]:
+    """Seconds per step of the same requests on mlx-lm's ``GenerationBatch``, from the
+    model's ``(B, V)`` logits to the processed ones evaluated: the step's processor part,
+    as ``anylogits serve mlx`` runs it (``batched``: :class:`BatchedHooks`, one call for
+    the batch) or as mlx-lm's own loop runs each row's hook (row by row, then
+    concatenated). Each row keeps mlx-lm's token buffer as the step does."""
+    import types
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.models.cache import TokenBuffer
+
+    from anylogits import JSONSchema, for_mlx
+    from anylogits.adapters.mlx.batch import BatchedHooks
+    from anylogits.core.limits import override
+
+    with override(grammar_chars=REQUEST_GRAMMAR_CHARS):
+        processors = [
+            tuple(for_mlx(JSONSchema(schema, lenient=True), tokenizer=vocab.hf))
+            for schema, _ in walks
+        ]
+    generation = types.SimpleNamespace(
+        logits_processors=processors, _token_context=[TokenBuffer() for _ in walks]
+    )
+    hooks = BatchedHooks(vocab.vocabulary)
+    logits = mx.array(vocab.logits[len(walks)].numpy())
+    steps = min(len(path) for _, path in walks)
+    times = []
+    for index in range(steps + 1):
+        # Each row's newest token: its prompt (a distinct one per row), then its path's.
+        newest = [path[index - 1] if index else row for row, (_, path) in enumerate(walks)]
+        inputs = mx.array(newest)
+        mx.eval(inputs)
+        start = time.perf_counter()
+        if batched:
+            processed, _ = hooks.process(generation, logits, inputs)
+        else:
+            rows = []
+            for row, (hook,) in enumerate(processors):
+                context = generation._token_context[row].update_and_fetch(inputs[row : row + 1])
+                rows.append(hook(context, logits[row : row + 1]))
+            processed = mx.concatenate(rows, axis=0)
+        mx.eval(processed)
+        elapsed = time.perf_counter() - start
+        if index:
+            times.append(elapsed)
+        if index < steps:
+            allowed = np.array(processed)[np.arange(len(walks)), [p[index] for _, p in walks]]
+            if not np.isfinite(allowed).all():
+                raise RuntimeError(f"token {index} of a path was refused: not comparable")
+    return times
+
+
+def requests_mlx_direct(vocab: Any, walks: list[tuple[dict, list[int]]]) -> list[float]:
+    """llguidance for the same requests on MLX logits: a copy of the model's logits that
+    torch can edit (MLX arrays are immutable; llguidance's own MLX apply is a Metal
+    kernel), ``consume_token`` per row, the rows filled one after another in this thread
+    (its faster path where its pool has one thread, as anylogits fills them there), one
+    apply through DLPack."""
+    import llguidance
+    import llguidance.torch
+    import mlx.core as mx
+
+    from anylogits.adapters.mlx import _copy
+
+    matchers = [vocab.template(schema).deep_copy() for schema, _ in walks]
+    bitmask = llguidance.torch.allocate_token_bitmask(len(walks), vocab.direct_tokenizer.vocab_size)
+    logits = mx.array(vocab.logits[len(walks)].numpy())
+    steps = min(len(path) for _, path in walks)
+    times = []
+    for index in range(steps + 1):
+        start = time.perf_counter()
+        owned = _copy(logits)
+        mx.eval(owned)
+        scores = torch.from_dlpack(owned)
+        if index:
+            for matcher, (_, path) in zip(matchers, walks, strict=True):
+                matcher.consume_token(path[index - 1])
+        for row, matcher in enumerate(matchers):
+            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, row)
+        llguidance.torch.apply_token_bitmask_inplace(scores, bitmask)
+        mx.eval(owned)
         elapsed = time.perf_counter() - start
         if index:
             times.append(elapsed)

@@ -73,7 +73,7 @@ class PersistentBatch:
             self._build_vocab = vocab
         self._groups = PipelineGroups(lambda: self.vocab)
         self._slots: dict[int, SlotRequest] = {}
-        self._layout: tuple[int, list[RowGroup]] | None = None
+        self._layout: tuple[tuple[int, tuple[int, ...] | None], list[RowGroup]] | None = None
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -231,8 +231,10 @@ class PersistentBatch:
         row_slots: Sequence[int] | None,
         has_drafts: bool,
     ) -> list[RowGroup]:
-        cacheable = row_slots is None and not has_drafts
-        if cacheable and self._layout is not None and self._layout[0] == batch_size:
+        # An engine that names each row's slot names the same ones step after step.
+        key = (batch_size, None if row_slots is None else tuple(row_slots))
+        cacheable = not has_drafts
+        if cacheable and self._layout is not None and self._layout[0] == key:
             return self._layout[1]
         by_key: dict[str, RowGroup] = {}
         slots = range(batch_size) if row_slots is None else row_slots
@@ -254,7 +256,7 @@ class PersistentBatch:
             else:
                 row_group.index = torch.tensor(row_group.rows)
         if cacheable:
-            self._layout = (batch_size, layout)
+            self._layout = (key, layout)
         return layout
 
     def _apply(

@@ -26,6 +26,19 @@ class OutputFeed(Protocol):
         ...
 
 
+class PushedTokens:
+    """An :class:`OutputFeed` the engine's adapter pushes each sampled token into."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+
+    def read(self) -> tuple[bool, list[int]]:
+        tokens, self.pending = self.pending, []
+        return False, tokens
+
+
 class PipelineGroup:
     """The pipeline shared by every request with the same specs."""
 

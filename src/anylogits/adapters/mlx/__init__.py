@@ -142,6 +142,11 @@ def for_mlx(
 
 
 def _vocabulary_of(tokenizer: Any) -> Vocabulary:
-    # mlx-lm's TokenizerWrapper holds the HF tokenizer; it stops on every eos_token_ids.
-    hf_tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
-    return hf_vocabulary(hf_tokenizer, eos_token_ids=getattr(tokenizer, "eos_token_ids", None))
+    # mlx-lm's TokenizerWrapper holds the HF tokenizer and stops on every eos_token_ids.
+    # A Hugging Face tokenizer answers any `*_ids` name too (transformers 5:
+    # `eos_token_ids` is the one EOS id, an int): its own EOS is read as for transformers.
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    if not isinstance(tokenizer, TokenizerWrapper):
+        return hf_vocabulary(tokenizer)
+    return hf_vocabulary(tokenizer._tokenizer, eos_token_ids=tokenizer.eos_token_ids)

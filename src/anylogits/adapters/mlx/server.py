@@ -13,6 +13,9 @@ and gives each row its own ``logits_processors`` list. Wired here:
 - ``mlx_lm.server._make_logits_processors``, the function the generation thread calls
   for each request (batched or served alone), adds that request's processors to mlx-lm's
   own: one row, one list, one pipeline;
+- ``GenerationBatch._step`` (while :func:`main` runs), so that a step runs the batched
+  requests' processors at once (:mod:`~anylogits.adapters.mlx.batch`): their grammars
+  fill one bitmask and take one apply, after mlx-lm's own processors of each row;
 - a request served alone (it has a ``seed``, or the server runs ``--draft-model`` /
   ``--kv-bits``) goes through ``stream_generate`` with only the prompt's uncached part:
   the prompt cache (:class:`PromptCacheNamingItsTokens`) says which ids it holds, and
@@ -25,6 +28,8 @@ by ``conformance_tests/test_mlx_server.py``): ``mlx_lm.server._make_logits_proce
 and ``mlx_lm.server.stream_generate`` (wrapped while :func:`main` runs),
 ``ResponseGenerator._serve_single``'s call of ``LRUPromptCache.fetch_nearest_cache``,
 ``mlx_lm.server.run`` (the name its command calls, replaced while :func:`main` runs),
+``mlx_lm.generate.GenerationBatch._step`` (replaced only where its source is the one
+copied),
 ``mlx_lm.server._run_http_server`` (takes the handler class),
 ``APIHandler.response_generator`` / ``generate_response`` / ``GenerationArguments.logits``
 and ``ModelProvider.tokenizer`` / ``cli_args``.
@@ -44,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import mlx_lm.server as mlx_server
+from mlx_lm.generate import GenerationBatch
 
-from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of
+from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of, batch
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.warm import prepare_structured_in_background
 from anylogits.serving import Admitted, Refused, admit, error_body, log_refusal, with_token_ids
@@ -262,6 +268,7 @@ def run(host: str, port: int, model_provider: Any, **_: Any) -> None:
     prompt_cache = PromptCacheNamingItsTokens(model_provider.cli_args.prompt_cache_size)
     response_generator = mlx_server.ResponseGenerator(model_provider, prompt_cache)
     handler = handler_for(model_provider)
+    batch.install(handler.vocabulary)
     mlx_server._run_http_server(host, port, response_generator, handler_class=handler)
 
 
@@ -270,6 +277,7 @@ def main(argv: Sequence[str], prog: str = "anylogits serve mlx") -> int:
     anylogits processors."""
     names = ("run", "_make_logits_processors", "stream_generate")
     saved_argv, saved = sys.argv, {name: getattr(mlx_server, name) for name in names}
+    saved_step = GenerationBatch._step  # run() may batch the requests' hooks
     sys.argv = [prog, *argv]
     mlx_server.run = run
     mlx_server._make_logits_processors = _make_logits_processors_with_requests
@@ -280,4 +288,5 @@ def main(argv: Sequence[str], prog: str = "anylogits serve mlx") -> int:
         sys.argv = saved_argv
         for name, value in saved.items():
             setattr(mlx_server, name, value)
+        GenerationBatch._step = saved_step
     return 0
