@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from anylogits import (
+    JSONSchema,
     LogitBias,
     LogitsProcessor,
     NoRepeatNGram,
@@ -185,13 +186,20 @@ def test_concurrent_clients_get_what_each_gets_alone(
         [LogitBias({plain[-1]: 4.0})],
         [],
         [NoRepeatNGram(2)],
+        # Grammars of two schemas: where a server batches its requests, one fill.
+        [
+            JSONSchema(
+                {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+            )
+        ],
+        [JSONSchema({"type": "array", "items": {"type": "boolean"}, "maxItems": 3})],
     ]
     alone = [complete(client, server, *processors)[1] for processors in cases]
     with ThreadPoolExecutor(max_workers=len(cases)) as pool:
         futures = [pool.submit(complete, client, server, *processors) for processors in cases]
         together = [future.result()[1] for future in futures]
     assert together == alone
-    assert alone[0] == plain and len({tuple(tokens) for tokens in alone}) == 4
+    assert alone[0] == plain and len({tuple(tokens) for tokens in alone}) == 6
 
 
 def _refusal(client: Any, endpoint: str, text: str) -> Any:
