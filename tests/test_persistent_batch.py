@@ -7,6 +7,7 @@ import torch
 
 from anylogits import LogitBias, Pipeline, RepetitionPenalty, Vocabulary, to_specs
 from anylogits.core.persistent_batch import PersistentBatch
+from anylogits.core.row_groups import STACK_CACHE
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))
 
@@ -152,3 +153,34 @@ def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.Mon
         for feed, path in zip(feeds, paths, strict=True):
             if step < len(path):
                 feed.pending = [path[step]]
+
+
+def test_stacked_mixes_of_requests_that_left_are_not_kept() -> None:
+    # Every replaced request makes a new mix of the running ones: kept with the specs'
+    # pipelines, they filled that cache (a server's memory) with mixes no step runs again.
+    slots = PersistentBatch(VOCAB)
+    slots.put(1, to_specs([LogitBias({7: 2.0})]), prompt_ids=[1])
+    for index in range(3 * STACK_CACHE):
+        slots.put(0, to_specs([LogitBias({index % 7: 1.0 + index})]), prompt_ids=[1])
+        out = slots.process(torch.zeros(2, 8))
+        assert out[0, index % 7] == 1.0 + index and out[1, 7] == 2.0
+    assert len(slots._groups._stacks) == STACK_CACHE
+
+
+def test_pipelines_given_per_request_are_let_go_and_never_mistaken_for_another() -> None:
+    """A pipeline given for each request (mlx-lm's server) is held while its request runs
+    only; the next one often takes the freed one's id, and must get its own mix."""
+    slots = PersistentBatch(VOCAB)
+    slots.put(1, None, pipeline=Pipeline([LogitBias({7: 2.0})]), prompt_ids=[1])
+    ids = set()
+    for index in range(40):
+        pipeline = Pipeline([LogitBias({index % 7: 1.0})])
+        ids.add(id(pipeline))
+        slots.put(0, None, pipeline=pipeline, prompt_ids=[1])
+        del pipeline
+        out = slots.process(torch.zeros(2, 8))
+        assert int(out[0].argmax()) == index % 7, index
+        assert int(out[1].argmax()) == 7
+        slots.remove(0)  # the request leaves: its pipeline is freed
+    assert len(ids) < 40, "no pipeline took a freed one's id: the test shows nothing"
+    assert len(slots._groups) <= 1 + STACK_CACHE

@@ -4,8 +4,10 @@ pipeline, groups of the same processor kinds stacked into one call."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +22,14 @@ from anylogits.core.vocab import Vocabulary
 
 logger = logging.getLogger("anylogits.core.persistent_batch")
 
-# Pipelines kept for specs (and stacked mixes of them) that no running request uses.
+# Pipelines kept for specs that no running request uses.
 GROUP_CACHE = 1024
+# Stacked mixes of a step's groups kept: a mix recurs at every step whose layout is built
+# again while the same requests run (drafts, rows named anew), and hardly ever once one of
+# them leaves. Each holds a bitmask of all its rows (1.5 MB at 32 rows of 128k tokens):
+# kept in the groups' cache, a server's churn of requests filled it with mixes no request
+# would run again (2.3 GB after 200 replaced requests of 32 at 128k tokens).
+STACK_CACHE = 8
 
 
 def brief(key: str, size: int = 300) -> str:
@@ -54,9 +62,15 @@ class PipelineGroups:
     def __init__(self, vocab: Callable[[], Vocabulary | None]) -> None:
         self.vocab = vocab
         self._groups: LeastRecentlyUsed[str, PipelineGroup] = LeastRecentlyUsed(GROUP_CACHE)
+        self._stacks: LeastRecentlyUsed[str, PipelineGroup] = LeastRecentlyUsed(STACK_CACHE)
+        # Groups of pipelines built elsewhere, while a request holds them: such a pipeline
+        # is its caller's (one per request on mlx-lm's server), and comes back only with it.
+        self._given: weakref.WeakValueDictionary[int, PipelineGroup] = weakref.WeakValueDictionary()
+        self._given_numbers = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._groups)
+        """The pipelines kept: of specs, stacked mixes, and given ones still held."""
+        return len(self._groups) + len(self._stacks) + len(self._given)
 
     def group(self, specs: list[dict[str, Any]]) -> PipelineGroup:
         """The group of ``specs`` (a failed one, which ends its requests, when they cannot
@@ -73,10 +87,12 @@ class PipelineGroups:
 
     def given(self, pipeline: Pipeline) -> PipelineGroup:
         """The group of a pipeline built elsewhere (processor objects, no specs)."""
-        key = f"pipeline:{id(pipeline)}"
-        group = self._groups.get(key)
+        group = self._given.get(id(pipeline))
         if group is None or group.pipeline is not pipeline:
-            group = self._groups.put(key, PipelineGroup(key, pipeline, None))
+            # Numbered: a stacked mix is cached by its groups' keys, and a freed
+            # pipeline's id comes back with the next one made.
+            key = f"pipeline:{next(self._given_numbers)}"
+            group = self._given[id(pipeline)] = PipelineGroup(key, pipeline, None)
         return group
 
     def failed(self, error: str) -> PipelineGroup:
@@ -118,7 +134,7 @@ class PipelineGroups:
             )
         )
         key = "stack:" + "|".join(m[2].group.key for m in members)
-        group = self._groups.get(key)
+        group = self._stacks.get(key)
         if group is None:
             pipelines: list[Pipeline] = []
             for member in members:
@@ -130,7 +146,7 @@ class PipelineGroups:
                 if processor is None:
                     return None
                 stacked.append(processor)
-            group = self._groups.put(key, PipelineGroup(key, Pipeline(stacked, self.vocab()), None))
+            group = self._stacks.put(key, PipelineGroup(key, Pipeline(stacked, self.vocab()), None))
         merged = RowGroup(group)
         for row, slot, request in members:
             merged.rows.append(row)

@@ -42,7 +42,7 @@ class PushedTokens:
 class PipelineGroup:
     """The pipeline shared by every request with the same specs."""
 
-    __slots__ = ("error", "key", "pipeline")
+    __slots__ = ("__weakref__", "error", "key", "pipeline")
 
     def __init__(self, key: str, pipeline: Pipeline | None, error: str | None) -> None:
         self.key = key
