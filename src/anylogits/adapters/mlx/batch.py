@@ -12,8 +12,10 @@ one fill and one apply), on one copy of the step's logits.
 A row's identity is its token buffer (``GenerationBatch._token_context[row]``): mlx-lm
 creates it when the request starts generating and moves it with the row through
 ``extend`` and ``filter``. Its first step gives the request's prompt (the buffer's
-tokens, cached ones included); each later step adds the token sampled for it. A row
-whose buffer is gone has left, and its request is forgotten at the next step.
+tokens, cached ones included); each later step adds the token sampled for it, so the
+buffer itself is brought up to date (an MLX op a row and step) only for rows that also
+run processors of mlx-lm's, which read it. A row whose buffer is gone has left, and its
+request is forgotten at the next step.
 
 :func:`batched_step` is mlx-lm's ``GenerationBatch._step`` of the release it was written
 from (:data:`STEP_SHA256`), its processor loop replaced by :meth:`BatchedHooks.process`;
