@@ -113,6 +113,22 @@ def test_each_row_gets_what_it_gets_alone_with_the_hooks_run_at_once(
     assert calls and max(calls) == len(prompts), calls
 
 
+def test_bfloat16_rows_get_what_they_get_alone(
+    tiny_model_dir: Any, batched: batch.BatchedHooks
+) -> None:
+    model, tokenizer = mlx_lm.load(str(tiny_model_dir))
+    model.set_dtype(mx.bfloat16)
+    prompts = [tokenizer.encode(text) for text in PROMPTS[:3]]
+    lists = row_lists(tokenizer)[:3]
+    eos = set(tokenizer.eos_token_ids)
+    alone = [
+        MlxEngine.steps(model, prompt, hooks or None, NEW, stop=eos)
+        for prompt, hooks in zip(prompts, lists, strict=True)
+    ]
+    assert alone[0] != MlxEngine.steps(model, prompts[0], None, NEW, stop=eos)
+    assert generate_rows(model, tokenizer, prompts, row_lists(tokenizer)[:3]) == alone
+
+
 def test_rows_that_leave_are_forgotten(loaded: Any, batched: batch.BatchedHooks) -> None:
     model, tokenizer = loaded
     prompts = [tokenizer.encode(text) for text in PROMPTS]
