@@ -369,15 +369,11 @@ def measure(
 
 
 def walk_requests(
-    vocab: _Vocab,
-    schemas: list[Any],
-    found: dict[str, tuple[list[float], list[float]]],
-    measures: tuple[str, ...] = ("requests_b32", *(m for m, _ in MLX_REQUESTS)),
-    repeats: int = REQUEST_REPEATS,
+    vocab: _Vocab, schemas: list[Any], found: dict[str, tuple[list[float], list[float]]]
 ) -> None:
-    """The ``requests_*`` ``measures`` into ``found``: the 32 schemas with the longest
+    """The ``requests_*`` measures into ``found``: the 32 schemas with the longest
     example paths, each its own request, walked together for as many steps as the
-    shortest has, ``repeats`` times (the mlx ones where mlx-lm is installed)."""
+    shortest has, :data:`REQUEST_REPEATS` times (the mlx ones where mlx-lm is installed)."""
     walks = sorted(
         ((s.schema, vocab.path(s.schema)) for s in schemas),
         key=lambda walk: -len(walk[1] or ()),
@@ -389,12 +385,11 @@ def walk_requests(
         for mlx_measure, batched in MLX_REQUESTS:
             ours = functools.partial(sides.requests_mlx_ours, batched=batched)
             sides_of[mlx_measure] = (ours, sides.requests_mlx_direct)
-    for repeat in range(repeats):
-        for name in measures:
-            if name in sides_of:
-                ours_steps, direct_steps = _pair(*sides_of[name], bool(repeat % 2), vocab, walks)
-                found[name][0].extend(ours_steps)
-                found[name][1].extend(direct_steps)
+    for repeat in range(REQUEST_REPEATS):
+        for name, (ours_side, direct_side) in sides_of.items():
+            ours_steps, direct_steps = _pair(ours_side, direct_side, bool(repeat % 2), vocab, walks)
+            found[name][0].extend(ours_steps)
+            found[name][1].extend(direct_steps)
 
 
 def quantile(values: list[float], q: int) -> float:
