@@ -142,7 +142,7 @@ class EngineRows:
         rows take an allowed one)."""
         for row, token_id in enumerate(logits.argmax(dim=-1).tolist()):
             self.generated[row].append(token_id)
-            self.nodes[row] = descendant_node(self.pipeline.children, self.nodes[row], [token_id])
+            self.nodes[row] = descendant_node(self.pipeline.child, self.nodes[row], [token_id])
 
 
 def count_host_reads(

@@ -357,6 +357,77 @@ def test_specs_round_trip_and_pydantic_models_become_schemas() -> None:
     assert processors[1].schema["required"] == ["x", "y"]
 
 
+def test_grammars_of_one_pipeline_each_mask_a_single_row() -> None:
+    # One row's bitmask is shared by the processors of a thread: each fills and applies
+    # it before the next one fills it.
+    a, b, c = IDS["a"], IDS["b"], IDS["c"]
+    assert allowed(Regex("[ab]c"), [[]]) == [{a, b}]
+    assert allowed(Regex("[bc]c"), [[]]) == [{b, c}]
+    pipeline = Pipeline([Regex("[ab]c"), Regex("[bc]c")], VOCAB)
+    out = pipeline(torch.zeros(1, EOS + 1), torch.zeros(1, 1, dtype=torch.long))
+    assert set(torch.nonzero(out[0] > float("-inf")).flatten().tolist()) == {b}
+
+
+def test_a_hook_run_in_another_thread_fills_a_row_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Built (bound) here, run in a worker thread whose fill is paused while this thread
+    # fills and applies another grammar's row: the worker must apply its own mask.
+    import threading
+
+    b, c, zero = IDS["b"], IDS["c"], IDS["0"]
+    worker_pipeline = Pipeline([Regex("a[bc]")], VOCAB)
+    main_pipeline = Pipeline([Regex("a[b0]")], VOCAB)
+    filled, main_done = threading.Event(), threading.Event()
+    fill_row = type(ENGINE).fill_row
+
+    def paused_fill_row(engine: Any, matcher: Any, bitmask: torch.Tensor, row: int) -> bool:
+        ended = fill_row(engine, matcher, bitmask, row)
+        if threading.current_thread() is not threading.main_thread():
+            filled.set()
+            assert main_done.wait(30)
+        return ended
+
+    monkeypatch.setattr(type(ENGINE), "fill_row", paused_fill_row)
+    results: dict[str, set[int]] = {}
+
+    def run(name: str, pipeline: Pipeline) -> None:
+        # After "a": not the first mask, which comes from the compile.
+        out = pipeline(torch.zeros(1, EOS + 1), torch.tensor([[0, IDS["a"]]]))
+        results[name] = set(torch.nonzero(out[0] > float("-inf")).flatten().tolist())
+
+    for pipeline in (worker_pipeline, main_pipeline):  # the prompt's call: the first mask
+        pipeline(torch.zeros(1, EOS + 1), torch.tensor([[0]]))
+    worker = threading.Thread(target=run, args=("worker", worker_pipeline))
+    worker.start()
+    assert filled.wait(30)
+    run("main", main_pipeline)
+    main_done.set()
+    worker.join(30)
+    assert results == {"worker": {b, c}, "main": {b, zero}}
+
+
+def test_sequences_start_without_hashing_their_grammar_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A server with more distinct grammars than the text-identity cache holds hashed
+    # each request's grammar again at its start (~1 ms per MB).
+    from anylogits.processors.structured import cache, engine
+
+    processors = [Regex(f"a{{{n}}}") for n in range(1, 40)]
+    pipelines = [Pipeline([processor], VOCAB) for processor in processors]
+    hashed: list[str] = []
+
+    def counted(grammar: str) -> bytes:
+        hashed.append(grammar)
+        return cache.grammar_key(grammar)
+
+    monkeypatch.setattr(engine, "grammar_key", counted)
+    for pipeline in pipelines:
+        pipeline(torch.zeros(2, EOS + 1), torch.tensor([[0], [1]]))
+    assert not hashed
+
+
 def test_compiled_grammars_are_cached_per_vocabulary() -> None:
     first = ENGINE.start(Regex("a").grammar, VOCAB)
     second = ENGINE.start(Regex("a").grammar, VOCAB)

@@ -270,7 +270,9 @@ class PersistentBatch:
         pipeline = row_group.group.pipeline
         if row_group.span is not None:
             start, end = row_group.span
-            rows = logits[start:end]
+            # The whole batch as it is: a slice is the step's first torch op, and costs
+            # ~20 us there (caches cold after the forward), against 1 us warm.
+            rows = logits if start == 0 and end == logits.shape[0] else logits[start:end]
         else:
             # Kept on the logits' device: the layout is reused while the batch holds.
             index = row_group.index = to_device(row_group.index, logits.device)  # type: ignore[arg-type]
@@ -311,9 +313,10 @@ class _DraftReader:
         self._source = drafts
         self._read: Sequence[Sequence[int]] | None = None
 
-    def of(self, rows: Sequence[int]) -> list[list[int]]:
+    def of(self, rows: Sequence[int]) -> list[list[int]] | None:
+        """The drafts of ``rows``; ``None`` when the call has none."""
         if self._source is None:
-            return [[] for _ in rows]
+            return None
         if self._read is None:
             self._read = self._source() if callable(self._source) else self._source
         return [list(self._read[row]) for row in rows]
@@ -323,7 +326,7 @@ def _host_batch(
     pipeline: Pipeline,
     row_group: RowGroup,
     committed: CommittedReader | None,
-    drafts: list[list[int]],
+    drafts: list[list[int]] | None,
     device: torch.device,
 ) -> Batch:
     """The rows' Batch from each request's host token buffer, committed tokens read from
@@ -341,9 +344,12 @@ def _host_batch(
     prompt_lengths: Callable[[], torch.Tensor] | None = None
     if pipeline.tracker is not None:
         sync()
-        nodes = [
-            draft_node(request, draft) for request, draft in zip(requests, drafts, strict=True)
-        ]
+        if drafts is None:  # a decoding step: each request's committed states
+            nodes = [request.committed_node() for request in requests]
+        else:
+            nodes = [
+                draft_node(request, draft) for request, draft in zip(requests, drafts, strict=True)
+            ]
         states = {
             id(processor): [node.states[k] for node in nodes]
             for k, processor in enumerate(pipeline.stateful)
@@ -352,10 +358,12 @@ def _host_batch(
 
     def history() -> torch.Tensor:
         sync()
-        return history_of(requests, drafts)
+        return history_of(requests, drafts or [[] for _ in requests])
 
     def lengths() -> torch.Tensor:
         sync()
+        if drafts is None:
+            return torch.tensor([request.length for request in requests])
         return torch.tensor([r.length + len(d) for r, d in zip(requests, drafts, strict=True)])
 
     return Batch(

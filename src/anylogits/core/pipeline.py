@@ -14,7 +14,7 @@ from anylogits.core.fast_paths import Candidates
 from anylogits.core.launch_plan import launch_plan
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
-from anylogits.core.tracker import SequenceTracker, children_maker
+from anylogits.core.tracker import SequenceTracker, child_maker
 from anylogits.core.vocab import Vocabulary
 from anylogits.kernels import kernels_enabled
 
@@ -134,7 +134,7 @@ class Pipeline:
         self._stateful = tuple(p for p in flat if isinstance(p, StatefulLogitsProcessor))
         self._state_keys = tuple(id(processor) for processor in self._stateful)
         # How an engine that knows its rows (slots) advances their nodes, made once.
-        self.children = children_maker(self._stateful)
+        self.child = child_maker(self._stateful)
         needs_tracking = any(p.needs_sequences for p in flat)
         self.tracker = (
             SequenceTracker(self._stateful, max_idle_calls=max_idle_calls)

@@ -128,17 +128,24 @@ class SlotRequest:
 
     def committed_node(self) -> SequenceNode:
         """The processor states after every committed token."""
-        assert self.group.pipeline is not None
-        pipeline = self.group.pipeline
         node = self.node
-        if node is None:
+        if node is not None:
+            behind = self.length - node.length
+            if not behind:
+                return node
+            if behind == 1 and self._unwritten:  # a decoding step: one token more
+                node = self.node = self.group.pipeline.child(node, self._unwritten[-1])  # type: ignore[union-attr]
+                return node
+        else:
+            pipeline = self.group.pipeline
+            assert pipeline is not None
             node = root_node(pipeline.stateful, self.tokens[: self.prompt_length])
         if node.length < self.length:
             if node.length >= self._written:
                 new = self._unwritten[node.length - self._written :]
             else:
                 new = self.tokens[node.length : self.length].tolist()
-            node = descendant_node(pipeline.children, node, new)
+            node = descendant_node(self.group.pipeline.child, node, new)  # type: ignore[union-attr]
         self.node = node
         return node
 
@@ -172,8 +179,7 @@ def read_committed(
 def draft_node(request: SlotRequest, draft: list[int]) -> SequenceNode:
     node = request.committed_node()
     if draft:
-        children = request.group.pipeline.children  # type: ignore[union-attr]
-        node = descendant_node(children, node, draft)
+        node = descendant_node(request.group.pipeline.child, node, draft)  # type: ignore[union-attr]
     return node
 
 

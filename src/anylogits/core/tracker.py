@@ -55,48 +55,44 @@ def root_node(
     return SequenceNode(length, length, tuple(p.init_state(prompt_ids) for p in processors))
 
 
-# Parent nodes and one more token each -> their children (the parents left intact).
-Children = Callable[[Sequence[SequenceNode], Sequence[int]], list[SequenceNode]]
+# A parent node and one more token -> its child (the parent left intact).
+Child = Callable[[SequenceNode, int], SequenceNode]
 
 
-def children_maker(processors: Sequence[StatefulLogitsProcessor[Any]]) -> Children:
-    """The :data:`Children` function of ``processors``, chosen once for them: a tracked
-    step calls it once for all its rows."""
+def child_maker(processors: Sequence[StatefulLogitsProcessor[Any]]) -> Child:
+    """The :data:`Child` function of ``processors``, chosen once for them: the tracker
+    and engines that know their rows (slots) call it per row and token."""
     if len(processors) == 1 and not processors[0].mutable_state:
         # One immutable state (a grammar's cursor, a penalty's counts), the usual case:
-        # one comprehension, no per-row loop over the processors.
+        # no loop over the processors.
         advance = processors[0].advance
-        return lambda parents, tokens: [
-            SequenceNode(
-                parent.length + 1, parent.prompt_length, (advance(parent.states[0], token),)
-            )
-            for parent, token in zip(parents, tokens, strict=True)
-        ]
 
-    def advance_each(states: tuple[Any, ...], token_id: int) -> tuple[Any, ...]:
-        return tuple(
+        def child(parent: SequenceNode, token_id: int) -> SequenceNode:
+            state = advance(parent.states[0], token_id)
+            return SequenceNode(parent.length + 1, parent.prompt_length, (state,))
+
+        return child
+
+    def child_of_each(parent: SequenceNode, token_id: int) -> SequenceNode:
+        states = tuple(
             [
                 processor.advance(
                     processor.fork(state) if processor.mutable_state else state, token_id
                 )
-                for processor, state in zip(processors, states, strict=True)
+                for processor, state in zip(processors, parent.states, strict=True)
             ]
         )
+        return SequenceNode(parent.length + 1, parent.prompt_length, states)
 
-    return lambda parents, tokens: [
-        SequenceNode(parent.length + 1, parent.prompt_length, advance_each(parent.states, token))
-        for parent, token in zip(parents, tokens, strict=True)
-    ]
+    return child_of_each
 
 
-def descendant_node(
-    children: Children, node: SequenceNode, token_ids: Iterable[int]
-) -> SequenceNode:
+def descendant_node(child: Child, node: SequenceNode, token_ids: Iterable[int]) -> SequenceNode:
     """The node after ``token_ids`` are appended to ``node``, one at a time, by
-    ``children`` (a pipeline's :attr:`~anylogits.core.pipeline.Pipeline.children`);
-    ``node`` is left intact."""
+    ``child`` (a pipeline's :attr:`~anylogits.core.pipeline.Pipeline.child`); ``node``
+    is left intact."""
     for token_id in token_ids:
-        node = children([node], [token_id])[0]
+        node = child(node, token_id)
     return node
 
 
@@ -208,7 +204,7 @@ class SequenceTracker:
             raise ValueError(f"max_idle_calls must be >= 1, got {max_idle_calls}")
         self.processors = tuple(processors)
         self.max_idle_calls = max_idle_calls
-        self._children = children_maker(self.processors)
+        self._child = child_maker(self.processors)
         self._weights = _hash_weights(seed)
         self._nodes: dict[tuple[int, int, int], SequenceNode] = {}
         self._length_counts: Counter[int] = Counter()
@@ -269,7 +265,9 @@ class SequenceTracker:
         weights = self._position_weights(width)
         if lengths is None:
             row_lengths = [width] * batch
-            row_weights = weights[:, :width].unsqueeze(1)
+            # Broadcast over the rows; made when hashed in torch or replayed (a new
+            # prompt's first call needs neither).
+            row_weights = None
         else:
             lengths = lengths.to(device="cpu", dtype=torch.int64)
             row_lengths = lengths.tolist()
@@ -281,6 +279,8 @@ class SequenceTracker:
             if batch:
                 low, high = torch.aminmax(ids)
                 _check_token_range(int(low), int(high))
+            if row_weights is None:
+                row_weights = weights[:, :width].unsqueeze(1)
             # Two independent hashes, each one exact int64 dot product per row.
             full = torch.stack([(ids * row_weights[0]).sum(1), (ids * row_weights[1]).sum(1)], 1)
             last = ids[:, -1]
@@ -296,7 +296,11 @@ class SequenceTracker:
             last_tokens,
             lambda row, length: (
                 ids[row, width - length :],
-                row_weights[:, min(row, row_weights.shape[1] - 1), -length:],
+                lambda: (
+                    weights[:, width - length : width]
+                    if row_weights is None
+                    else row_weights[:, min(row, row_weights.shape[1] - 1), -length:]
+                ),
             ),
         )
         if lengths is None:
@@ -313,7 +317,7 @@ class SequenceTracker:
         full_keys: Sequence[Sequence[int]],
         parent_keys: Sequence[Sequence[int]],
         last_tokens: Sequence[int],
-        row_of: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+        row_of: Callable[[int, int], tuple[torch.Tensor, Callable[[], torch.Tensor]]],
     ) -> list[SequenceNode]:
         """Each row's node: known, the child of a known parent, or replayed from the
         longest known prefix of the row's host ids and weights (``row_of(row, length)``)."""
@@ -362,10 +366,10 @@ class SequenceTracker:
         ]
         host_ids: list[torch.Tensor] = []
 
-        def row_of(row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        def row_of(row: int, length: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
             if not host_ids:
                 host_ids.append(ids.cpu())
-            return host_ids[0][row], self._weights.at_least(width)[:, :width]
+            return host_ids[0][row], lambda: self._weights.at_least(width)[:, :width]
 
         nodes = self._nodes_of(
             [width] * batch, full_keys, parent_keys, [row[2] for row in rows], row_of
@@ -415,7 +419,7 @@ class SequenceTracker:
                 for parent, (first, second), token_id in zip(parents, hashes, last, strict=True)
             ]
         else:
-            nodes = self._children(parents, last)
+            nodes = list(map(self._child, parents, last))
         self._unregistered.append((self._clock, width, hashes, nodes))
         self._remember(tokens, width, hashes, nodes)
         return nodes
@@ -470,17 +474,15 @@ class SequenceTracker:
             last.append(token_id)
         return full, parent, last
 
-    def _child(self, parent: SequenceNode, token_id: int) -> SequenceNode:
-        return self._children([parent], [token_id])[0]
-
     def _from_longest_known_prefix(
-        self, row_ids: torch.Tensor, row_weights: torch.Tensor
+        self, row_ids: torch.Tensor, row_weights: Callable[[], torch.Tensor]
     ) -> SequenceNode:
-        """Replay from the longest known prefix (draft tokens, resume) or start afresh."""
+        """Replay from the longest known prefix (draft tokens, resume) or start afresh;
+        ``row_weights()``: the ``(2, length)`` weights of the row's positions."""
         length = row_ids.shape[0]
         if not any(known < length for known in self._length_counts):
             return root_node(self.processors, row_ids)  # a new prompt: nothing to hash
-        prefix_hashes = (row_ids * row_weights).cumsum(1).T.tolist()
+        prefix_hashes = (row_ids * row_weights()).cumsum(1).T.tolist()
         start: SequenceNode | None = None
         for known_length in sorted(self._length_counts, reverse=True):
             if known_length >= length:

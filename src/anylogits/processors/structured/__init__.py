@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.vocab import Vocabulary
 from anylogits.processors.structured.bounds.counts import check_lark, check_regex, check_schema
 from anylogits.processors.structured.bounds.greedy_lexing import check_greedy_lexing
+from anylogits.processors.structured.cache import grammar_key
 from anylogits.processors.structured.engine import (
     ENGINE,
     StructuredUnavailable,
@@ -56,6 +58,23 @@ def _ended_row(eos_token_ids: frozenset[int], words: int) -> torch.Tensor:
     return pack_ids(eos_token_ids, words)
 
 
+# The bitmask of an unbound processor: no rows, so that its first call says what is
+# missing (only ever replaced, never written).
+_NO_ROWS = ReusedBitmask(0, 0)
+_one_row_bitmasks = threading.local()
+
+
+def _one_row_bitmask(words: int) -> ReusedBitmask:
+    """This thread's one-row bitmask of ``words`` words."""
+    kept: dict[int, ReusedBitmask] | None = getattr(_one_row_bitmasks, "by_words", None)
+    if kept is None:
+        kept = _one_row_bitmasks.by_words = {}
+    bitmask = kept.get(words)
+    if bitmask is None:
+        bitmask = kept[words] = ReusedBitmask(1, words)
+    return bitmask
+
+
 class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     """A processor whose state is a cursor on a grammar matcher's token line."""
 
@@ -68,6 +87,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         self._what = what
         self._build_grammar = build
         self._grammar: str | None = None
+        self._grammar_key: bytes | None = None
         try:
             grammar = self.grammar
         except StructuredUnavailable:
@@ -96,6 +116,13 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
             self._grammar = self._build_grammar()
         return self._grammar
 
+    def _key(self) -> bytes:
+        """:attr:`grammar`'s cache key, kept: every sequence this processor starts asks
+        for its compiled grammar by it."""
+        if self._grammar_key is None:
+            self._grammar_key = grammar_key(self.grammar)
+        return self._grammar_key
+
     @contextlib.contextmanager
     def _compile_errors(self) -> Iterator[None]:
         try:
@@ -108,18 +135,18 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
-        self._bitmask = ReusedBitmask(0, 0)
+        # Several rows' bitmask, made at the first call of that many rows.
+        self._bitmask = _NO_ROWS
+        self._words = 0
         if vocab is not None:
+            with self._compile_errors():
+                self._words = (ENGINE.vocab_size(vocab) + 31) // 32
+            self._ended_row = _ended_row(vocab.eos_token_ids, self._words)
             self._compile(vocab)
-            words = (ENGINE.vocab_size(vocab) + 31) // 32
-            # One row, the first call's (a request's, or a batch's of one): made now,
-            # not in the first mask's time.
-            self._bitmask = ReusedBitmask(1, words)
-            self._ended_row = _ended_row(vocab.eos_token_ids, words)
 
     def _compile(self, vocab: Vocabulary) -> None:
         with self._compile_errors():  # compiled now: errors before generation
-            ENGINE.compile(self.grammar, vocab)
+            ENGINE.compile(self.grammar, vocab, self._key())
 
     @classmethod
     def stack(cls, processors: Sequence[Any]) -> LogitsProcessor | None:
@@ -143,7 +170,8 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
 
     def init_state(self, prompt_ids: torch.Tensor) -> GrammarCursor:
         # The constraint applies to generated tokens only.
-        return GrammarCursor.start(ENGINE, *ENGINE.start_with_mask(self.grammar, self._vocab()))
+        started = ENGINE.start_with_mask(self.grammar, self._vocab(), self._key())
+        return GrammarCursor.start(ENGINE, *started)
 
     def advance(self, state: GrammarCursor, token_id: int) -> GrammarCursor:
         return state.advance(token_id)
@@ -159,15 +187,23 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
     def _filled_bitmask(self, batch: Batch) -> torch.Tensor | ReusedBitmask:
         """The packed allowed tokens of every row of ``batch``."""
         cursors = batch.states(self)
+        if len(cursors) == 1 and self._words:
+            # One row (a request's step, a batch of one): the calling thread's bitmask,
+            # shared by its processors, each of which fills and applies it before
+            # another runs. One per processor cost ~40 us of a request's first mask
+            # (its tensors made while the compile has left the caches cold).
+            reused = _one_row_bitmask(self._words)
+            fill_bitmask(ENGINE, cursors, reused.tensor, self._ended_row)
+            return reused
         reused = self._bitmask
-        rows, words = reused.tensor.shape
+        rows = reused.tensor.shape[0]
         if rows == len(cursors):
             # Reused across calls: every row is written by each fill.
             fill_bitmask(ENGINE, cursors, reused.tensor, self._ended_row)
             return reused
         self._vocab()  # unbound, the bitmask has no rows: say what is missing
         if rows < len(cursors):
-            self._bitmask = ReusedBitmask(len(cursors), words)
+            self._bitmask = ReusedBitmask(len(cursors), self._words)
             return self._filled_bitmask(batch)
         bitmask = reused.tensor[: len(cursors)]
         fill_bitmask(ENGINE, cursors, bitmask, self._ended_row)

@@ -32,16 +32,20 @@ class GrammarEngine(Protocol):
     def check(self, grammar: str) -> None:
         """Raise ``ValueError`` naming the problem when ``grammar`` cannot compile."""
 
-    def compile(self, grammar: str, vocab: Vocabulary) -> None:
+    def compile(self, grammar: str, vocab: Vocabulary, key: bytes | None = None) -> None:
         """Compile ``grammar`` over ``vocab`` now (once per pair); ``ValueError`` naming
-        the problem when it cannot compile or allows no output."""
+        the problem when it cannot compile or allows no output. ``key``: the grammar's
+        :func:`~anylogits.processors.structured.cache.grammar_key`, where the caller
+        keeps it."""
 
     def start(self, grammar: str, vocab: Vocabulary) -> Any:
         """A fresh matcher of ``grammar`` over ``vocab`` (compiled once per pair)."""
 
-    def start_with_mask(self, grammar: str, vocab: Vocabulary) -> tuple[Any, torch.Tensor]:
+    def start_with_mask(
+        self, grammar: str, vocab: Vocabulary, key: bytes | None = None
+    ) -> tuple[Any, torch.Tensor]:
         """:meth:`start`'s matcher and its first mask, a packed int32 row (computed once
-        per compiled grammar)."""
+        per compiled grammar); ``key`` as in :meth:`compile`."""
 
     def copy(self, matcher: Any) -> Any:
         """An independent copy of ``matcher``, rollback history included."""
@@ -293,25 +297,28 @@ class LLGuidanceEngine:
                 self._tokenizers[vocab] = tokenizer
             return tokenizer
 
-    def compile(self, grammar: str, vocab: Vocabulary) -> None:
-        self._compiled(grammar, vocab)
+    def compile(self, grammar: str, vocab: Vocabulary, key: bytes | None = None) -> None:
+        self._compiled(grammar, vocab, key)
 
     def start(self, grammar: str, vocab: Vocabulary) -> Any:
         return self.start_with_mask(grammar, vocab)[0]
 
-    def start_with_mask(self, grammar: str, vocab: Vocabulary) -> tuple[Any, torch.Tensor]:
-        compiled = self._compiled(grammar, vocab)
+    def start_with_mask(
+        self, grammar: str, vocab: Vocabulary, key: bytes | None = None
+    ) -> tuple[Any, torch.Tensor]:
+        compiled = self._compiled(grammar, vocab, key)
         return compiled.start(), compiled.first_row
 
-    def _compiled(self, grammar: str, vocab: Vocabulary) -> _Compiled:
+    def _compiled(self, grammar: str, vocab: Vocabulary, key: bytes | None) -> _Compiled:
         tokenizer = self.tokenizer(vocab)
         budget = llguidance_limits()
-        key = (grammar_key(grammar), tuple(budget.values()), id(tokenizer))
-        compiled = COMPILED.get(key)
+        # Hashing the text costs ~1 ms per MB: a processor hands over the key it keeps.
+        cache_key = (key or grammar_key(grammar), tuple(budget.values()), id(tokenizer))
+        compiled = COMPILED.get(cache_key)
         if compiled is None or compiled.tokenizer is not tokenizer:
             started = time.perf_counter()
             compiled = self._compile(tokenizer, grammar, budget)
-            COMPILED.put(key, compiled, weight=len(grammar))
+            COMPILED.put(cache_key, compiled, weight=len(grammar))
             if logger.isEnabledFor(logging.INFO):  # the cache's stats are counted for it
                 logger.info(
                     "compiled a grammar of %d KB for a vocabulary of %d tokens in %.1f ms; "

@@ -124,12 +124,16 @@ def fill_bitmask(
         return
     if len({id(cursor.line) for cursor in cursors}) == len(cursors):
         # Every row on its own line (a decoding step of several sequences): one round,
-        # no grouping.
-        rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
-    else:
-        rounds = _rounds(cursors)
+        # nothing to group or copy.
+        filled = []
+        for row, cursor in enumerate(cursors):
+            matcher = _matcher_or_written(cursor.line, cursor.depth, bitmask, row, ended_row)
+            if matcher is not None:
+                filled.append((matcher, row))
+        _fill(engine, filled, bitmask, ended_row)
+        return
     copies: list[tuple[int, int]] = []
-    for work in rounds:
+    for work in _rounds(cursors):
         filled = []
         for line, depth, rows in work:
             matcher = _matcher_or_written(line, depth, bitmask, rows[0], ended_row)
@@ -137,11 +141,22 @@ def fill_bitmask(
                 filled.append((matcher, rows[0]))
             if len(rows) > 1:
                 copies.extend((row, rows[0]) for row in rows[1:])
-        for row in engine.fill(filled, bitmask):
-            bitmask[row] = ended_row
+        _fill(engine, filled, bitmask, ended_row)
     if copies:
         targets, sources = zip(*copies, strict=True)
         bitmask[list(targets)] = bitmask[list(sources)]
+
+
+def _fill(
+    engine: GrammarEngine,
+    work: list[tuple[Any, int]],
+    bitmask: torch.Tensor,
+    ended_row: torch.Tensor,
+) -> None:
+    """Fill each ``(matcher, row)`` of ``work`` in one engine call; rows whose sequence
+    ended there get ``ended_row``."""
+    for row in engine.fill(work, bitmask):
+        bitmask[row] = ended_row
 
 
 def _matcher_or_written(
