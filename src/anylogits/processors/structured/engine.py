@@ -309,7 +309,7 @@ class LLGuidanceEngine:
         compiled = self._compiled(grammar, vocab, key)
         return compiled.start(), compiled.first_row
 
-    def _compiled(self, grammar: str, vocab: Vocabulary, key: bytes | None) -> _Compiled:
+    def _compiled(self, grammar: str, vocab: Vocabulary, key: bytes | None = None) -> _Compiled:
         tokenizer = self.tokenizer(vocab)
         budget = llguidance_limits()
         # Hashing the text costs ~1 ms per MB: a processor hands over the key it keeps.
