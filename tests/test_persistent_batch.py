@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from anylogits import LogitBias, Pipeline, RepetitionPenalty, Vocabulary, to_specs
+from anylogits.core import row_groups
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.row_groups import STACK_CACHE
 
@@ -165,6 +166,24 @@ def test_stacked_mixes_of_requests_that_left_are_not_kept() -> None:
         out = slots.process(torch.zeros(2, 8))
         assert out[0, index % 7] == 1.0 + index and out[1, 7] == 2.0
     assert len(slots._groups._stacks) == STACK_CACHE
+
+
+def test_pipelines_kept_for_specs_are_bounded_by_the_specs_size_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1,024 pipelines of the largest specs a server admits would hold gigabytes.
+    monkeypatch.setattr(row_groups, "GROUP_CACHE_CHARS", 200_000)
+    slots = PersistentBatch()
+    large = {token: 0.5 for token in range(4_000)}  # specs of ~40k characters
+    for index in range(30):
+        slots.put(0, to_specs([LogitBias({**large, 4_000 + index: 1.0})]), prompt_ids=[1])
+        out = slots.process(torch.zeros(1, 4_100))
+        assert out[0, 4_000 + index] == 1.0
+    kept = slots._groups._groups
+    assert 0 < kept.weight <= 200_000 and len(kept) < 30
+    # The request that runs keeps its pipeline, kept or not.
+    slots.put(0, to_specs([LogitBias({**large, 1: 9.0})]), prompt_ids=[1])
+    assert slots.process(torch.zeros(1, 4_100))[0, 1] == 9.0
 
 
 def test_pipelines_given_per_request_are_let_go_and_never_mistaken_for_another() -> None:

@@ -10,7 +10,9 @@ Value = TypeVar("Value")
 
 
 class LeastRecentlyUsed(Generic[Key, Value]):
-    """At most ``size`` entries; storing one more drops the least recently used.
+    """At most ``size`` entries, and, with ``max_weight``, entries whose weights (given to
+    :meth:`put`) add up to at most that: storing one more drops the least recently used.
+    An entry heavier than ``max_weight`` alone is returned and not kept.
 
     Example:
         >>> cache = LeastRecentlyUsed(2)
@@ -18,24 +20,38 @@ class LeastRecentlyUsed(Generic[Key, Value]):
         (1, 2, 1)
         >>> cache.put("c", 3), cache.get("b"), len(cache)
         (3, None, 2)
+        >>> light = LeastRecentlyUsed(10, max_weight=5)
+        >>> light.put("a", 1, weight=3), light.put("b", 2, weight=3), light.get("a")
+        (1, 2, None)
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_weight: int | None = None) -> None:
         self.size = size
-        self._entries: dict[Key, Value] = {}
+        self.max_weight = max_weight
+        self.weight = 0
+        self._entries: dict[Key, tuple[Value, int]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: Key) -> Value | None:
-        value = self._entries.pop(key, None)
-        if value is not None:
-            self._entries[key] = value  # most recently used last
-        return value
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self._entries[key] = entry  # most recently used last
+        return entry[0]
 
-    def put(self, key: Key, value: Value) -> Value:
-        self._entries.pop(key, None)
-        if len(self._entries) >= self.size:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[key] = value
+    def put(self, key: Key, value: Value, weight: int = 0) -> Value:
+        replaced = self._entries.pop(key, None)
+        if replaced is not None:
+            self.weight -= replaced[1]
+        limit = self.max_weight
+        if limit is not None and weight > limit:
+            return value
+        while self._entries and (
+            len(self._entries) >= self.size or (limit is not None and self.weight + weight > limit)
+        ):
+            self.weight -= self._entries.pop(next(iter(self._entries)))[1]
+        self._entries[key] = (value, weight)
+        self.weight += weight
         return value

@@ -22,8 +22,12 @@ from anylogits.core.vocab import Vocabulary
 
 logger = logging.getLogger("anylogits.core.persistent_batch")
 
-# Pipelines kept for specs that no running request uses.
+# Pipelines kept for specs that no running request uses, and the characters of those
+# specs' JSON they may add up to: a pipeline holds its specs (a request's may be 128 KB,
+# more where an operator raises 'spec_bytes') and what its processors built from them
+# (a grammar's text), so 1,024 of the largest would hold gigabytes.
 GROUP_CACHE = 1024
+GROUP_CACHE_CHARS = 16 << 20
 # Stacked mixes of a step's groups kept: a mix recurs at every step whose layout is built
 # again while the same requests run (drafts, rows named anew), and hardly ever once one of
 # them leaves. Each holds a bitmask of all its rows (1.5 MB at 32 rows of 128k tokens):
@@ -61,7 +65,9 @@ class PipelineGroups:
 
     def __init__(self, vocab: Callable[[], Vocabulary | None]) -> None:
         self.vocab = vocab
-        self._groups: LeastRecentlyUsed[str, PipelineGroup] = LeastRecentlyUsed(GROUP_CACHE)
+        self._groups: LeastRecentlyUsed[str, PipelineGroup] = LeastRecentlyUsed(
+            GROUP_CACHE, max_weight=GROUP_CACHE_CHARS
+        )
         self._stacks: LeastRecentlyUsed[str, PipelineGroup] = LeastRecentlyUsed(STACK_CACHE)
         # Groups of pipelines built elsewhere, while a request holds them: such a pipeline
         # is its caller's (one per request on mlx-lm's server), and comes back only with it.
@@ -82,7 +88,7 @@ class PipelineGroups:
                 pipeline = Pipeline([from_spec(spec) for spec in specs], self.vocab())
             except Exception as error:  # e.g. an id beyond the vocabulary: end the request
                 return self.failed(f"processors {brief(key)} cannot run here: {error}")
-            group = self._groups.put(key, PipelineGroup(key, pipeline, None))
+            group = self._groups.put(key, PipelineGroup(key, pipeline, None), weight=len(key))
         return group
 
     def given(self, pipeline: Pipeline) -> PipelineGroup:
