@@ -29,6 +29,7 @@ class LeastRecentlyUsed(Generic[Key, Value]):
         self.size = size
         self.max_weight = max_weight
         self.weight = 0
+        self.evictions = 0  # entries dropped to make room
         self._entries: dict[Key, tuple[Value, int]] = {}
 
     def __len__(self) -> int:
@@ -52,6 +53,12 @@ class LeastRecentlyUsed(Generic[Key, Value]):
             len(self._entries) >= self.size or (limit is not None and self.weight + weight > limit)
         ):
             self.weight -= self._entries.pop(next(iter(self._entries)))[1]
+            self.evictions += 1
         self._entries[key] = (value, weight)
         self.weight += weight
         return value
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+        self.weight = 0

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
+
+from anylogits.core.cache import LeastRecentlyUsed
 
 
 def grammar_key(grammar: str) -> bytes:
@@ -47,46 +48,36 @@ class CacheStats:
 
 class BoundedCache:
     """At most ``max_entries`` values whose weights sum to at most ``max_weight``; the
-    least recently used go first. Thread-safe."""
+    least recently used go first (:class:`~anylogits.core.cache.LeastRecentlyUsed`), a
+    value heavier than ``max_weight`` alone is not kept. Thread-safe, with counters."""
 
     def __init__(self, max_entries: int, max_weight: int) -> None:
-        self.max_entries = max_entries
-        self.max_weight = max_weight
         self._lock = threading.Lock()
-        self._values: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._weight = self._hits = self._misses = self._evictions = 0
+        self._values: LeastRecentlyUsed[Hashable, Any] = LeastRecentlyUsed(
+            max_entries, max_weight=max_weight
+        )
+        self._hits = self._misses = 0
 
     def get(self, key: Hashable) -> Any | None:
         with self._lock:
             found = self._values.get(key)
             if found is None:
                 self._misses += 1
-                return None
-            self._values.move_to_end(key)
-            self._hits += 1
-            return found[0]
+            else:
+                self._hits += 1
+            return found
 
     def put(self, key: Hashable, value: Any, weight: int = 1) -> None:
         with self._lock:
-            old = self._values.pop(key, None)
-            if old is not None:
-                self._weight -= old[1]
-            if weight > self.max_weight:
-                return  # never kept: it would evict everything else
-            self._values[key] = (value, weight)
-            self._weight += weight
-            while len(self._values) > self.max_entries or self._weight > self.max_weight:
-                _, (_, dropped) = self._values.popitem(last=False)
-                self._weight -= dropped
-                self._evictions += 1
+            self._values.put(key, value, weight)
 
     def clear(self) -> None:
         with self._lock:
             self._values.clear()
-            self._weight = 0
 
     def stats(self) -> CacheStats:
         with self._lock:
+            values = self._values
             return CacheStats(
-                len(self._values), self._weight, self._hits, self._misses, self._evictions
+                len(values), values.weight, self._hits, self._misses, values.evictions
             )

@@ -124,16 +124,12 @@ def fill_bitmask(
         return
     if len({id(cursor.line) for cursor in cursors}) == len(cursors):
         # Every row on its own line (a decoding step of several sequences): one round,
-        # nothing to group or copy.
-        filled = []
-        for row, cursor in enumerate(cursors):
-            matcher = _matcher_or_written(cursor.line, cursor.depth, bitmask, row, ended_row)
-            if matcher is not None:
-                filled.append((matcher, row))
-        _fill(engine, filled, bitmask, ended_row)
-        return
+        # no grouping.
+        rounds = [[(cursor.line, cursor.depth, [row]) for row, cursor in enumerate(cursors)]]
+    else:
+        rounds = _rounds(cursors)
     copies: list[tuple[int, int]] = []
-    for work in _rounds(cursors):
+    for work in rounds:
         filled = []
         for line, depth, rows in work:
             matcher = _matcher_or_written(line, depth, bitmask, rows[0], ended_row)
@@ -141,22 +137,11 @@ def fill_bitmask(
                 filled.append((matcher, rows[0]))
             if len(rows) > 1:
                 copies.extend((row, rows[0]) for row in rows[1:])
-        _fill(engine, filled, bitmask, ended_row)
+        for row in engine.fill(filled, bitmask):
+            bitmask[row] = ended_row
     if copies:
         targets, sources = zip(*copies, strict=True)
         bitmask[list(targets)] = bitmask[list(sources)]
-
-
-def _fill(
-    engine: GrammarEngine,
-    work: list[tuple[Any, int]],
-    bitmask: torch.Tensor,
-    ended_row: torch.Tensor,
-) -> None:
-    """Fill each ``(matcher, row)`` of ``work`` in one engine call; rows whose sequence
-    ended there get ``ended_row``."""
-    for row in engine.fill(work, bitmask):
-        bitmask[row] = ended_row
 
 
 def _matcher_or_written(
