@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from typing import Any
 
 import pytest
@@ -115,6 +116,33 @@ def test_a_structured_pipeline_writing_to_out_leaves_the_logits_untouched(
     assert result is out
     assert torch.equal(out, in_place)
     assert torch.equal(logits, original)
+
+
+def test_masks_kept_from_a_call_in_inference_mode_serve_calls_outside_it(
+    apply_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A thread's one-row bitmask and bias buffer made under torch.inference_mode (vLLM's
+    # steps, a transformers pipeline) were inference tensors: the thread's next call
+    # outside it (generate under no_grad) raised "Inplace update to inference tensor".
+    from anylogits.processors import structured
+
+    monkeypatch.setattr(structured, "_one_row_bitmasks", threading.local())
+    monkeypatch.setattr(_bitmask, "_bias_buffers", threading.local())
+    expected = allowed(Regex("[0-9]{2}c"), [[]])
+    for rows in (1, 2):
+        with torch.inference_mode():
+            first = Pipeline([Regex("[0-9]{2}c")], VOCAB)
+            out = first(torch.zeros(rows, EOS + 1), torch.zeros(rows, 1, dtype=torch.long))
+        assert out.is_inference()
+        for in_place in (True, False):
+            logits = torch.zeros(rows, EOS + 1)
+            target = None if in_place else torch.empty_like(logits)
+            ids = torch.zeros(rows, 1, dtype=torch.long)
+            result = first(logits, ids, out=target)
+            assert not result.is_inference()
+            assert [
+                set(torch.nonzero(row > float("-inf")).flatten().tolist()) for row in result
+            ] == expected * rows
 
 
 def test_bitmask_apply_falls_back_to_eager_with_a_warning_when_compiling_fails(

@@ -62,9 +62,12 @@ class ReusedBitmask:
     """
 
     def __init__(self, rows: int, words: int) -> None:
-        self.tensor = torch.empty(rows, words, dtype=torch.int32)
-        self._halves = self.tensor.view(torch.uint16).view(-1)
-        self._index = torch.empty(self._halves.shape, dtype=torch.int32)
+        # Ordinary tensors even when made under torch.inference_mode: they are written at
+        # every call, and a thread's one-row bitmask serves calls outside it too.
+        with torch.inference_mode(False):
+            self.tensor = torch.empty(rows, words, dtype=torch.int32)
+            self._halves = self.tensor.view(torch.uint16).view(-1)
+            self._index = torch.empty(self._halves.shape, dtype=torch.int32)
 
     def index(self) -> torch.Tensor:
         """The halves of :attr:`tensor` as it is now, as int32 ids of a 16-bit table."""
@@ -239,9 +242,9 @@ def _bias_buffer(
     key = (table.device, table.dtype)
     kept = buffers.get(key)
     if kept is None or kept.buffer.shape[0] < halfwords:
-        kept = buffers[key] = _BiasBuffer(
-            torch.empty(halfwords, 16, dtype=table.dtype, device=table.device)
-        )
+        with torch.inference_mode(False):  # written in and out of inference mode alike
+            buffer = torch.empty(halfwords, 16, dtype=table.dtype, device=table.device)
+        kept = buffers[key] = _BiasBuffer(buffer)
     shape = (halfwords, rows, width)
     views = kept.views.get(shape)
     if views is None:
