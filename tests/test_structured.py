@@ -145,6 +145,90 @@ def test_masks_kept_from_a_call_in_inference_mode_serve_calls_outside_it(
             ] == expected * rows
 
 
+@pytest.fixture
+def fresh_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kernel compiled or captured yet in this test."""
+    monkeypatch.setattr(_bitmask, "COMPILE", True)
+    monkeypatch.setattr(_bitmask, "_compiled_kernels", {})
+    monkeypatch.setattr(_bitmask, "_compile_failed", False)
+    monkeypatch.setattr(_bitmask, "_captures", {})
+    monkeypatch.setattr(_bitmask, "_capture_of_layout", {})
+    monkeypatch.setattr(_bitmask, "_uncapturable", set())
+
+
+def _masked_bit_by_bit(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    expected = logits.clone()
+    for row in range(logits.shape[0]):
+        for token in range(logits.shape[1]):
+            word, bit = divmod(token, 32)
+            if not (int(bitmask[row, word]) >> bit) & 1:
+                expected[row, token] = float("-inf")
+    return expected
+
+
+@pytest.mark.usefixtures("fresh_kernels")
+def test_the_fused_apply_on_the_host_runs_without_dynamo(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo's frame hook, guards and wrappers cost ~50 us a step at B=32 (8% at 49k
+    # tokens): host tensors take the kernel traced and compiled once, guards checked here.
+    def no_dynamo(function: object, **options: object) -> object:
+        raise AssertionError("torch.compile was called")
+
+    monkeypatch.setattr(torch, "compile", no_dynamo)
+    generator = torch.Generator().manual_seed(0)
+    for rows, words, width in [(2, 2, 64), (3, 5, 150), (5, 5, 160), (4, 4, 100)]:
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), generator=generator).int()
+        logits = torch.randn(rows, width, generator=generator)
+        expected = _masked_bit_by_bit(logits, bitmask)
+        out = torch.empty_like(logits)
+        assert _bitmask.apply_bitmask(logits, bitmask, out=out) is out
+        assert torch.equal(out, expected)
+        assert torch.equal(_bitmask.apply_bitmask(logits, bitmask), expected)
+    assert not _bitmask._compile_failed
+    # Two shape classes per kernel: rows as wide as their words' bits, and narrower.
+    assert sorted(map(len, _bitmask._captures.values())) == [2, 2]
+
+
+@pytest.mark.usefixtures("fresh_kernels")
+def test_layouts_the_captured_kernel_does_not_fit_take_dynamo_and_stay_exact() -> None:
+    generator = torch.Generator().manual_seed(1)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), generator=generator).int()
+    wide = torch.randn(5, 120, generator=generator)
+    cases = {
+        "rows at an offset": wide[2:],
+        "rows with a stride": wide[:3, :90],
+        "one word a row": wide[:3, :20],
+    }
+    for name, logits in cases.items():
+        mask = bitmask[:, : -(-logits.shape[1] // 32)].contiguous()
+        expected = _masked_bit_by_bit(logits, mask)
+        assert torch.equal(_bitmask.apply_bitmask(logits.clone(), mask), expected), name
+        result = _bitmask.apply_bitmask(logits, mask, out=torch.empty(logits.shape))
+        assert torch.equal(result, expected), name
+        in_place = logits.clone() if name == "one word a row" else logits
+        assert torch.equal(_bitmask.apply_bitmask(in_place, mask), expected), name
+    assert "_mask_by_bits" in _bitmask._compiled_kernels
+    assert not _bitmask._compile_failed
+
+
+@pytest.mark.usefixtures("fresh_kernels")
+def test_a_kernel_that_cannot_be_captured_runs_through_dynamo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Another torch's internals (make_fx, the guards' expression): the fused kernel as before.
+    def internals_changed(self: object, kernel: object, arguments: object) -> None:
+        raise AttributeError("produce_guards_expression")
+
+    monkeypatch.setattr(_bitmask._Capture, "__init__", internals_changed)
+    bitmask = torch.tensor([[0b101, 1], [0b010, 0]], dtype=torch.int32)
+    logits = torch.randn(2, 64)
+    expected = _masked_bit_by_bit(logits, bitmask)
+    assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+    assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+    assert _bitmask._uncapturable == {("_mask_by_bits", torch.float32)}
+    assert "_mask_by_bits" in _bitmask._compiled_kernels
+    assert not _bitmask._compile_failed
+
+
 def test_bitmask_apply_falls_back_to_eager_with_a_warning_when_compiling_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
