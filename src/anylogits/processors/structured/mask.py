@@ -193,16 +193,19 @@ class _Capture:
             kernel(*tensors)
             return ()
 
-        graph = make_fx(traced, tracing_mode="symbolic")(*_examples(arguments))
-        fakes = [node.meta["val"] for node in graph.graph.nodes if node.op == "placeholder"]
-        fake_mode = detect_fake_mode(fakes)
-        if fake_mode is None or fake_mode.shape_env is None:
-            raise RuntimeError("the trace has no symbolic sizes")
-        guards = fake_mode.shape_env.produce_guards_expression(fakes, ignore_static=False)
+        # The caller's torch function modes (a profiler, a counter of host reads) see
+        # the kernel's calls, not the tracer's and compiler's own.
+        with torch._C.DisableTorchFunction():
+            graph = make_fx(traced, tracing_mode="symbolic")(*_examples(arguments))
+            fakes = [node.meta["val"] for node in graph.graph.nodes if node.op == "placeholder"]
+            fake_mode = detect_fake_mode(fakes)
+            if fake_mode is None or fake_mode.shape_env is None:
+                raise RuntimeError("the trace has no symbolic sizes")
+            guards = fake_mode.shape_env.produce_guards_expression(fakes, ignore_static=False)
+            with fake_mode:
+                self.call = torch._inductor.compile(graph, fakes)
         # What ShapeEnv.evaluate_guards_expression evaluates, compiled once.
         self._guards = eval(f"lambda L: {guards or 'True'}", dict(SYMPY_INTERP))
-        with fake_mode:
-            self.call = torch._inductor.compile(graph, fakes)
 
     def fits(self, arguments: tuple[torch.Tensor, ...]) -> bool:
         """Whether the trace's assumptions hold for ``arguments``."""
