@@ -55,3 +55,28 @@ def test_what_the_wiring_relies_on_is_there() -> None:
     from transformers.cli import transformers as command
 
     assert "serve" in inspect.getsource(command)
+
+
+def test_the_supported_servers_are_the_extras_and_another_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformers 5.25 rewrote its server (``GenerateRunner``, API server processes):
+    the wiring would fail on a missing name. The ``transformers-serve`` extra installs a
+    release it is written for, and another is refused with the install that fixes it."""
+    from pathlib import Path
+
+    import tomllib
+    import transformers
+
+    from anylogits.adapters import transformers_server
+
+    (low_major, low_minor), (high_major, high_minor) = transformers_server.SUPPORTED_SERVE
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    wanted = f"transformers>={low_major}.{low_minor},<{high_major}.{high_minor}"
+    assert (
+        f"transformers[serving]>={low_major}.{low_minor},<{high_major}.{high_minor}"
+        in (extras["project"]["optional-dependencies"]["transformers-serve"])
+    )
+    monkeypatch.setattr(transformers, "__version__", f"{high_major}.{high_minor}.0")
+    with pytest.raises(SystemExit, match=f"pip install '{wanted}'"):
+        transformers_server.main(["--model", "unused"])

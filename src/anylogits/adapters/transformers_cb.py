@@ -90,17 +90,22 @@ SYNCHRONOUS = (
 )
 
 
-def check_transformers_version(version: str | None = None) -> None:
-    """Raise ``RuntimeError`` unless transformers' continuous batching is a release the hook
-    is written for (:data:`SUPPORTED_TRANSFORMERS`): its interface is young and moves."""
+def check_transformers_version(
+    version: str | None = None,
+    supported: tuple[tuple[int, int], tuple[int, int]] = SUPPORTED_TRANSFORMERS,
+    what: str = "continuous batching",
+    otherwise: str = "plain generate() works with for_transformers",
+) -> None:
+    """Raise ``RuntimeError`` unless the installed transformers is a release ``what`` is
+    written for (``supported``: [low, high); by default :data:`SUPPORTED_TRANSFORMERS`, its
+    continuous batching, whose interface is young and moves)."""
     installed = version or transformers.__version__
-    low, high = SUPPORTED_TRANSFORMERS
+    low, high = supported
     if not low <= _release(installed) < high:
         wanted = f"transformers>={_spelled(low)},<{_spelled(high)}"
         raise RuntimeError(
-            f"anylogits runs in transformers' continuous batching of {wanted}; transformers "
-            f"{installed} is installed: pip install '{wanted}' (plain generate() works with "
-            "for_transformers)"
+            f"anylogits runs in transformers' {what} of {wanted}; transformers "
+            f"{installed} is installed: pip install '{wanted}' ({otherwise})"
         )
 
 

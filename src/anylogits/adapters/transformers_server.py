@@ -54,7 +54,12 @@ from transformers.cli.serving.chat_completion import ChatCompletionHandler
 from transformers.cli.serving.completion import CompletionHandler
 
 from anylogits.adapters.transformers import TransformersLogitsProcessor
-from anylogits.adapters.transformers_cb import AROUND_KEY, _vocabulary, for_continuous_batching
+from anylogits.adapters.transformers_cb import (
+    AROUND_KEY,
+    _vocabulary,
+    check_transformers_version,
+    for_continuous_batching,
+)
 from anylogits.core.specs import from_spec, to_specs
 from anylogits.core.wire import SPEC_FIELD, SPEC_KEY
 from anylogits.processors.bias import LogitBias
@@ -350,10 +355,25 @@ def command_line(argv: Sequence[str]) -> list[str]:
     return ["serve", model, *options]
 
 
+SUPPORTED_SERVE = ((5, 16), (5, 25))
+"""transformers releases whose ``transformers serve`` the wiring is written for: [low,
+high). 5.25 rewrote the server (``GenerateRunner`` in place of ``GenerateManager``, API
+server processes apart from the model's)."""
+
+
 def main(argv: Sequence[str], prog: str = "anylogits serve transformers") -> int:
     """Run transformers' server command with ``argv`` (its options), serving per-request
     anylogits processors."""
     from transformers.cli.transformers import app
+
+    try:
+        check_transformers_version(
+            supported=SUPPORTED_SERVE,
+            what="server (transformers serve)",
+            otherwise="generate() and continuous batching work with it in your own code",
+        )
+    except RuntimeError as error:
+        raise SystemExit(f"{prog}: {error}") from None
 
     arguments = (
         command_line(argv) if not any(a in ("-h", "--help") for a in argv) else ["serve", *argv]
