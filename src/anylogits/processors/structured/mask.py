@@ -259,12 +259,20 @@ def _captured(kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]) 
     return capture
 
 
+def _compile_disabled() -> bool:
+    import torch._dynamo
+
+    return bool(getattr(torch._dynamo.config, "disable", False))
+
+
 def _capture_fitting(
     kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]
 ) -> _Capture | None:
     # Host tensors only: on an accelerator Dynamo's path is the one tested
     # (tools/gpu_check.py). Autograd is Dynamo's business too.
     if arguments[0].requires_grad or not all(tensor.is_cpu for tensor in arguments):
+        return None
+    if _compile_disabled():  # TORCH_COMPILE_DISABLE: torch.compile runs the kernel eagerly
         return None
     key = (kernel.__name__, arguments[0].dtype)
     if key in _uncapturable:
