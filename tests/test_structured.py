@@ -59,6 +59,18 @@ def apply_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return request.param
 
 
+def _masked_bit_by_bit(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with every token whose bit is 0, or beyond the bitmask, at ``-inf``."""
+    expected = logits.clone()
+    words = bitmask.shape[1]
+    for row in range(logits.shape[0]):
+        for token in range(logits.shape[1]):
+            word, bit = divmod(token, 32)
+            if word >= words or not (int(bitmask[row, word]) >> bit) & 1:
+                expected[row, token] = float("-inf")
+    return expected
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -78,12 +90,7 @@ def test_bitmask_apply_equals_bit_by_bit(
     bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, words), generator=generator).int()
     width = max(1, 32 * words - 31 + width_extra)
     logits = torch.randn(batch, width, generator=generator).to(dtype)
-    expected = logits.clone()
-    for row in range(batch):
-        for token in range(width):
-            word, bit = divmod(token, 32)
-            if word >= words or not (int(bitmask[row, word]) >> bit) & 1:
-                expected[row, token] = float("-inf")
+    expected = _masked_bit_by_bit(logits, bitmask)
     assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
     # Written to a separate tensor instead: the same result, the input untouched.
     original = logits.clone()
@@ -154,16 +161,6 @@ def fresh_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_bitmask, "_captures", {})
     monkeypatch.setattr(_bitmask, "_capture_of_layout", {})
     monkeypatch.setattr(_bitmask, "_uncapturable", set())
-
-
-def _masked_bit_by_bit(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    expected = logits.clone()
-    for row in range(logits.shape[0]):
-        for token in range(logits.shape[1]):
-            word, bit = divmod(token, 32)
-            if not (int(bitmask[row, word]) >> bit) & 1:
-                expected[row, token] = float("-inf")
-    return expected
 
 
 @pytest.mark.usefixtures("fresh_kernels")
