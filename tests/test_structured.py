@@ -208,16 +208,19 @@ def test_layouts_the_captured_kernel_does_not_fit_take_dynamo_and_stay_exact() -
 
 
 @pytest.mark.usefixtures("fresh_kernels")
-def test_torch_compile_disabled_disables_the_capture_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    # TORCH_COMPILE_DISABLE=1 (torch._dynamo.config.disable): nothing is compiled.
+def test_torch_compile_disabled_disables_the_capture_too() -> None:
+    # TORCH_COMPILE_DISABLE=1 (torch._dynamo.config.disable): nothing is compiled. Set with
+    # the config's own patch: monkeypatch restores it with delattr, which hides the entry
+    # from Dynamo for the rest of the process.
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
     bitmask = torch.tensor([[0b101, 1], [0b010, 0]], dtype=torch.int32)
     logits = torch.randn(2, 64)
     expected = _masked_bit_by_bit(logits, bitmask)
-    assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+    with torch._dynamo.config.patch(disable=True):
+        assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
     assert not _bitmask._captures
+    assert torch._dynamo.config.disable is False
 
 
 @pytest.mark.usefixtures("fresh_kernels")
