@@ -3,6 +3,7 @@ the grammar accepts, sequences forked and rolled back, errors before generation.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import threading
@@ -672,7 +673,17 @@ def test_a_server_logs_each_compile_with_the_cache_counters() -> None:
     assert "compiled grammars: 1 entries" in lines[0] and "1 misses" in lines[0], lines[0]
 
 
-def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker() -> None:
+@pytest.fixture
+def unfrozen_heap() -> Any:
+    """This process's heap as the collector sees it, restored after a server's freeze."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker(
+    unfrozen_heap: None,
+) -> None:
     from anylogits.processors.structured.guard import GUARD
     from anylogits.processors.structured.warm import prepare_structured_in_background
 
@@ -687,3 +698,19 @@ def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker(
     # that thread).
     with pytest.raises(subprocess.TimeoutExpired):
         checker.wait(timeout=1)
+
+
+def test_a_server_s_collector_skips_what_it_built_at_start(unfrozen_heap: None) -> None:
+    """Once prepared, the server's objects so far are frozen: a full collection in a
+    request walks only what requests allocated (~80 ms less on llama.cpp's server)."""
+    from anylogits.processors.structured.warm import prepare_structured_in_background
+
+    assert gc.get_freeze_count() == 0
+    built_at_start = [[index] for index in range(1000)]
+    vocab = Vocabulary(tokens=VOCAB.tokens, eos_token_ids=VOCAB.eos_token_ids)
+    prepare_structured_in_background(vocab).join(timeout=120)
+    allocated_later = [1]
+    assert gc.get_freeze_count() >= len(built_at_start)
+    collected = {id(item) for item in gc.get_objects()}  # the frozen ones are not listed
+    assert id(allocated_later) in collected
+    assert not any(id(row) in collected for row in built_at_start)

@@ -1,7 +1,9 @@
-"""What a server builds at start so that its first structured request does not wait."""
+"""What a server builds at start so that its first structured request does not wait, and
+why its collector skips what it built."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import threading
@@ -30,15 +32,30 @@ def prepare_structured(vocab: Vocabulary) -> None:
     GUARD.warm()
 
 
+def freeze_startup_heap() -> None:
+    """Collect once, then move every object alive now out of the collector's generations
+    (:func:`gc.freeze`), as vLLM does once its engine is up.
+
+    A server's objects from its start (model wrappers, the vocabulary, the grammar
+    engine) live as long as it does, yet each full collection walks them all: on the tiny
+    model's llama.cpp server that held the GIL for ~80 ms in the middle of requests, a
+    32-token request's whole latency beside it. Frozen, a full collection walks only what
+    requests allocated since."""
+    gc.collect()
+    gc.freeze()
+
+
 def prepare_structured_in_background(vocab: Vocabulary) -> threading.Thread:
-    """:func:`prepare_structured` in a daemon thread; a failure is logged, and the first
-    structured request builds what it needs itself."""
+    """:func:`prepare_structured` in a daemon thread, then :func:`freeze_startup_heap`,
+    whose one collection is paid at start, not in a request; a failure is logged, and the
+    first structured request builds what it needs itself."""
 
     def prepare() -> None:
         try:
             prepare_structured(vocab)
         except Exception as error:  # the request that needs it gets the error itself
             logger.warning("anylogits: preparing structured generation failed: %s", error)
+        freeze_startup_heap()
 
     thread = threading.Thread(target=prepare, name="anylogits-structured", daemon=True)
     thread.start()
