@@ -702,7 +702,7 @@ def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker(
 
 def test_a_server_s_collector_skips_what_it_built_at_start(unfrozen_heap: None) -> None:
     """Once prepared, the server's objects so far are frozen: a full collection in a
-    request walks only what requests allocated (~80 ms less on llama.cpp's server)."""
+    request walks only what requests allocated (~80 ms less on the tiny model's server)."""
     from anylogits.processors.structured.warm import prepare_structured_in_background
 
     assert gc.get_freeze_count() == 0
