@@ -41,10 +41,13 @@ each step's, ours over llguidance's):
   one token can cost more than its fill, and counted in the step before on one side only
   it would skew the per-step quantiles). The first mask (the prompt's) is left out:
   ``first_mask`` measures it.
-- ``mask_b1_after_forward``: ``mask_b1`` with, before each step, a pass over
-  ``schema_walks.FORWARD_BYTES`` of memory, what a model's forward does to the caches
-  between two masks in generation (back to back, as ``mask_b1``, every step finds the
-  last one's data and code in the caches).
+- ``mask_b1_after_forward``, ``mask_b32_after_forward``: ``mask_b1`` and ``mask_b32``
+  with, before each step, a pass over ``schema_walks.FORWARD_BYTES`` of memory and then
+  the step's logits written, what a model's forward does to the caches between two
+  masks in generation (back to back, as ``mask_b1``, every step finds the last one's
+  data and code in the caches). At B=32 that decides what keeping the scores costs:
+  back to back, the second 6-16 MB tensor is the one the caches lose, in place or not;
+  after a forward both sides start from memory.
 - ``requests_b32``: the serving case, 32 requests with a schema each (the 32 longest
   example paths), walked together for as many steps as the shortest path has,
   :data:`REQUEST_REPEATS` times. Ours: ``PersistentBatch``, what vLLM's and transformers'
@@ -101,6 +104,7 @@ MEASURES = [
     "mask_b32",
     "mask_b32_in_place",
     "mask_b32_in_place_rows",
+    "mask_b32_after_forward",
     "requests_b32",
     "requests_b32_mlx",
     "requests_b32_mlx_rows",
@@ -114,6 +118,7 @@ WALKS = (
     ("mask_b32", 32, False, False, True),
     ("mask_b32_in_place", 32, True, False, True),
     ("mask_b32_in_place_rows", 32, True, False, False),
+    ("mask_b32_after_forward", 32, False, True, True),
 )
 QUANTILES = [50, 95, 99]
 SAMPLE = 40

@@ -86,9 +86,9 @@ def walk_ours(
     for index in range(len(path) + 1):
         if index:
             ids = torch.cat([ids, torch.full((batch, 1), path[index - 1])], 1)
-        logits = vocab.logits[batch].clone()
         if forward:
             forward_pass()
+        logits = vocab.logits[batch].clone()  # a forward's last write: the step's logits
         start = time.perf_counter()
         masked = hook(ids, logits)
         elapsed = time.perf_counter() - start
@@ -116,9 +116,9 @@ def walk_direct(
     bitmask = llguidance.torch.allocate_token_bitmask(batch, vocab.direct_tokenizer.vocab_size)
     times = []
     for index in range(len(path) + 1):
-        logits = vocab.logits[batch].clone()
         if forward:
             forward_pass()
+        logits = vocab.logits[batch].clone()  # a forward's last write: the step's logits
         start = time.perf_counter()
         if index:
             for matcher in matchers:
