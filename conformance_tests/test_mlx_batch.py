@@ -26,6 +26,7 @@ from anylogits import (  # noqa: E402
     for_mlx,
 )
 from anylogits.adapters.mlx import MlxLogitsProcessor, _vocabulary_of, batch  # noqa: E402
+from anylogits.core.pending import PendingLogits  # noqa: E402
 from anylogits.core.persistent_batch import PersistentBatch  # noqa: E402
 from anylogits.engines.generation import MlxEngine  # noqa: E402
 from test_support.generation_cases import COUNTING  # noqa: E402
@@ -104,7 +105,9 @@ def test_each_row_gets_what_it_gets_alone_with_the_hooks_run_at_once(
     process = PersistentBatch.process
 
     def counted(self: PersistentBatch, logits: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(logits.shape[0])
+        # Handed over before they are computed: masks are filled while the model runs.
+        assert isinstance(logits, PendingLogits), type(logits)
+        calls.append(logits.rows)
         return process(self, logits, *args, **kwargs)
 
     monkeypatch.setattr(MlxLogitsProcessor, "__call__", alone_call)

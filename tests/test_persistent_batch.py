@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
 from anylogits import LogitBias, Pipeline, RepetitionPenalty, Vocabulary, to_specs
 from anylogits.core import row_groups
+from anylogits.core.pending import PendingLogits
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.row_groups import STACK_CACHE
 
@@ -97,12 +101,11 @@ def test_a_failed_request_ends_and_its_failure_is_logged(
     assert torch.equal(slots.process(torch.zeros(1, 8))[0], expected)
 
 
-def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Requests with different schemas (one group each) stack into one call: every row
-    gets the mask its own processor alone gives, from one fill of the batch."""
+def _grammar_requests() -> tuple[Vocabulary, list[tuple[Any, str]], list[list[int]]]:
+    """A vocabulary of JSON pieces, requests of three schemas and a regex with the text
+    each walks, and those texts' tokens."""
     pytest.importorskip("llguidance")
     from anylogits import JSONSchema, Regex
-    from anylogits.processors import structured
     from anylogits.processors.structured.engine import _VocabularyTokenizer
 
     pieces = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
@@ -124,7 +127,13 @@ def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.Mon
         (schema("c", "integer"), '{"c": 3}'),
     ]
     spell = _VocabularyTokenizer(vocab)
-    paths = [spell(text) for _, text in requests]
+    return vocab, requests, [spell(text) for _, text in requests]
+
+
+def _counted_fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each grammar fill from now on."""
+    from anylogits.processors import structured
+
     fills: list[int] = []
     original_fill = structured.fill_bitmask
     monkeypatch.setattr(
@@ -135,6 +144,18 @@ def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.Mon
             original_fill(engine, cursors, *rest),
         ),
     )
+    return fills
+
+
+def _walk_requests(
+    vocab: Vocabulary,
+    requests: list[tuple[Any, str]],
+    paths: list[list[int]],
+    process: Callable[[PersistentBatch, torch.Tensor], torch.Tensor],
+    check: Callable[[int, torch.Tensor, list[torch.Tensor]], None],
+) -> None:
+    """Every request in its slot, walked along its path: ``process`` runs each step,
+    ``check(step, processed, alone)`` sees each row's result beside its processor's alone."""
     slots = PersistentBatch(vocab)
     feeds = [PushedTokens() for _ in requests]
     for slot, ((processor, _), feed) in enumerate(zip(requests, feeds, strict=True)):
@@ -143,17 +164,92 @@ def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.Mon
     generator = torch.Generator().manual_seed(0)
     for step in range(max(map(len, paths)) + 1):
         logits = torch.randn(len(requests), vocab.size, generator=generator)
-        fills.clear()
-        out = slots.process(logits.clone())
-        # The three JSON schemas in one fill, the regex in its own.
-        assert sorted(fills) == [1, 3], fills
-        for row, (oracle, path) in enumerate(zip(oracles, paths, strict=True)):
-            history = torch.tensor([[0, *path[: min(step, len(path))]]])
-            alone = oracle(logits[row : row + 1].clone(), history)
-            assert torch.equal(out[row : row + 1], alone), (step, row)
+        alone = [
+            oracle(logits[row : row + 1].clone(), torch.tensor([[0, *path[:step]]]))
+            for row, (oracle, path) in enumerate(zip(oracles, paths, strict=True))
+        ]
+        check(step, process(slots, logits.clone()), alone)
         for feed, path in zip(feeds, paths, strict=True):
             if step < len(path):
                 feed.pending = [path[step]]
+
+
+def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests with different schemas (one group each) stack into one call: every row
+    gets the mask its own processor alone gives, from one fill of the batch."""
+    vocab, requests, paths = _grammar_requests()
+    fills = _counted_fills(monkeypatch)
+
+    def process(slots: PersistentBatch, logits: torch.Tensor) -> torch.Tensor:
+        fills.clear()
+        return slots.process(logits)
+
+    def check(step: int, out: torch.Tensor, alone: list[torch.Tensor]) -> None:
+        # The three JSON schemas in one fill, the regex in its own.
+        assert sorted(fills) == [1, 3], fills
+        for row, expected in enumerate(alone):
+            assert torch.equal(out[row : row + 1], expected), (step, row)
+
+    _walk_requests(vocab, requests, paths, process, check)
+
+
+def test_pending_logits_are_waited_for_once_every_mask_is_filled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given logits still being computed (MLX), the masks are filled first, so they
+    overlap the model's forward; each row still gets what its processor alone gives."""
+    vocab, requests, paths = _grammar_requests()
+    fills = _counted_fills(monkeypatch)
+    filled_at_wait: list[list[int]] = []
+
+    def process(slots: PersistentBatch, logits: torch.Tensor) -> torch.Tensor:
+        fills.clear()
+
+        def wait() -> torch.Tensor:
+            filled_at_wait.append(sorted(fills))
+            return logits
+
+        return slots.process(PendingLogits(len(requests), logits.device, wait), [0, 1, 2, 3])
+
+    def check(step: int, out: torch.Tensor, alone: list[torch.Tensor]) -> None:
+        assert filled_at_wait.pop() == [1, 3] == sorted(fills), step  # none after the wait
+        for row, expected in enumerate(alone):
+            assert torch.equal(out[row : row + 1], expected), (step, row)
+
+    _walk_requests(vocab, requests, paths, process, check)
+
+
+def test_a_group_that_fails_to_prepare_ends_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grammar whose fill raises before the logits exist ends its own request's rows,
+    as it would have after; the other requests are served."""
+    vocab, requests, paths = _grammar_requests()
+    from anylogits.processors import structured
+
+    original_fill = structured.fill_bitmask
+    failing: list[bool] = []
+
+    def fill(engine: Any, cursors: Any, *rest: Any) -> None:
+        if failing and len(cursors) == 1:  # the regex's group
+            raise RuntimeError("llguidance failed")
+        original_fill(engine, cursors, *rest)
+
+    monkeypatch.setattr(structured, "fill_bitmask", fill)
+    ended = torch.full((vocab.size,), float("-inf"))
+    ended[len(vocab.tokens) - 1] = 0.0
+
+    def process(slots: PersistentBatch, logits: torch.Tensor) -> torch.Tensor:
+        failing.append(True)
+        try:
+            return slots.process(PendingLogits(len(requests), logits.device, lambda: logits))
+        finally:
+            failing.clear()
+
+    def check(step: int, out: torch.Tensor, alone: list[torch.Tensor]) -> None:
+        assert torch.equal(out[2].isfinite(), ended.isfinite()), step
+        for row in (0, 1, 3):
+            assert torch.equal(out[row : row + 1], alone[row]), (step, row)
+
+    _walk_requests(vocab, requests, paths, process, check)
 
 
 def test_stacked_mixes_of_requests_that_left_are_not_kept() -> None:

@@ -20,6 +20,7 @@ import anylogits
 from anylogits import LogitBias, NoRepeatNGram, SuppressTokens, to_specs, vllm_xargs
 from anylogits.cli.serve import VLLM_PROCESSOR_CLASS, help_text, start_line, vllm_command
 from anylogits.core import limits as limits_module
+from anylogits.core.pending import PendingLogits
 from anylogits.core.wire import validate_request
 from anylogits.serving import (
     Refused,
@@ -103,6 +104,20 @@ def test_a_failing_processor_ends_its_request_and_is_logged_once(
     (record,) = caplog.records
     assert "request 9" in record.getMessage()
     assert "the request's sequence is ended" in record.getMessage()
+
+
+def test_a_request_given_pending_logits_fails_as_one_given_logits() -> None:
+    """mlx-lm's server hands a request's pipeline logits still being computed: a
+    processor that fails ends the request there too, on the logits once computed."""
+    pipeline = RequestPipeline([RaiseAfter(2), NoRepeatNGram(2)], VOCAB, request="request 9")
+    ended = torch.full((1, 8), float("-inf"))
+    ended[0, EOS] = 0.0
+    for generated in range(5):
+        history = torch.tensor([[1, 2, *range(generated)]])
+        pending = PendingLogits(1, torch.device("cpu"), lambda: torch.zeros(1, 8))
+        expected = torch.zeros(1, 8) if generated < 2 else ended
+        assert torch.equal(pipeline(pending, history), expected), generated
+    assert pipeline.failure is not None
 
 
 def test_a_refusal_body_is_vllms_error_body() -> None:

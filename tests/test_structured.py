@@ -25,6 +25,7 @@ from anylogits import (  # noqa: E402
     Vocabulary,
     from_spec,
 )
+from anylogits.core.pending import PendingLogits  # noqa: E402
 from anylogits.core.registry import processor_type  # noqa: E402
 from anylogits.processors.structured import mask as _bitmask  # noqa: E402
 from anylogits.processors.structured.engine import ENGINE, _VocabularyTokenizer  # noqa: E402
@@ -300,6 +301,66 @@ def test_rows_forked_reordered_and_rolled_back_keep_their_own_matchers() -> None
         out = pipeline(torch.zeros(len(rows), EOS + 1), torch.tensor(rows))
         for row in out:
             assert set(torch.nonzero(row > float("-inf")).flatten().tolist()) == want
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_pending_logits_are_waited_for_once_the_masks_are_filled(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline given logits still being computed fills its grammars' masks first (in
+    each processor's own bitmask: two grammars in one pipeline), then waits, and masks
+    the logits as if it had been given them."""
+    from anylogits.processors import structured
+
+    three, four = IDS["3"], IDS["4"]
+    fills: list[int] = []
+    original_fill = structured.fill_bitmask
+    monkeypatch.setattr(
+        structured,
+        "fill_bitmask",
+        lambda engine, cursors, *rest: (
+            fills.append(len(cursors)),
+            original_fill(engine, cursors, *rest),
+        ),
+    )
+    pending = Pipeline([Regex("[0-5]{2}c"), Regex("[3-9]{2}c")], VOCAB)
+    plain = Pipeline([Regex("[0-5]{2}c"), Regex("[3-9]{2}c")], VOCAB)
+    generator = torch.Generator().manual_seed(0)
+    # Each grammar allows what the other does not: both masks must apply.
+    for history in ([0], [0, three], [0, three, four]):
+        ids = torch.tensor([history] * rows)
+        logits = torch.randn(rows, EOS + 1, generator=generator)
+        fills.clear()
+        filled_at_wait: list[int] = []
+
+        def wait(
+            logits: torch.Tensor = logits, filled_at_wait: list[int] = filled_at_wait
+        ) -> torch.Tensor:
+            filled_at_wait.extend(fills)
+            return logits.clone()
+
+        out = pending(PendingLogits(rows, logits.device, wait), ids)
+        assert filled_at_wait == fills == [rows, rows], history
+        expected = plain(logits.clone(), ids)
+        assert torch.equal(out, expected), history
+        assert not torch.equal(expected, logits), "the grammars mask nothing here"
+
+
+def test_masks_prepared_for_one_batch_are_not_taken_by_another() -> None:
+    """A prepare whose batch never came (its engine failed between) leaves nothing
+    behind: the next batch gets its own masks."""
+    one = IDS["1"]
+    processor = Regex("[0-9]{2}c")
+    pipeline = Pipeline([processor], VOCAB)
+    pipeline(torch.zeros(2, EOS + 1), torch.tensor([[0], [0]]))
+    # Prepared at the start, where "12" is allowed too.
+    stale = pipeline._batch(2, torch.device("cpu"), torch.tensor([[0], [0]]), None)
+    pipeline.prepare(stale)
+    out = pipeline(torch.zeros(2, EOS + 1), torch.tensor([[0, one], [0, one]]))
+    digits = {IDS[d] for d in "0123456789"}
+    for row in out:
+        assert set(torch.nonzero(row > float("-inf")).flatten().tolist()) == digits
+    assert processor._prepared is None
 
 
 def test_json_schema_masks_follow_a_valid_instance_and_end_with_eos() -> None:

@@ -60,7 +60,10 @@ each step's, ours over llguidance's):
   (``adapters.mlx.batch.BatchedHooks``: one copy of the step's logits, one call for the
   batch), from the model's logits to the processed ones evaluated. Direct: a copy of the
   logits torch can edit, ``consume_token`` per row, the rows filled one after another in
-  this thread, one apply (llguidance's MLX apply is a Metal kernel).
+  this thread, one apply (llguidance's MLX apply is a Metal kernel). Ours fills the
+  masks before it waits for its copy (``PendingLogits``), which MLX makes meanwhile in
+  its own thread; llguidance's loop, as its users write it, waits first. In a server
+  the same order puts the fills beside the model's forward.
   ``requests_b32_mlx_rows``: ours as mlx-lm's own loop runs each row's hook on its row
   alone (what every release but the one ``BatchedHooks`` copies gets), against the same.
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from anylogits.core.fast_paths import Candidates
+from anylogits.core.pending import PendingLogits
 from anylogits.core.pipeline import Pipeline, end_sequences
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.specs import from_spec
@@ -76,13 +77,15 @@ class RequestPipeline(Pipeline):
         self.request = request
         self.failure: str | None = None
 
-    def __call__(self, logits: torch.Tensor, token_ids: Any = None, **kwargs: Any) -> torch.Tensor:
+    def __call__(
+        self, logits: torch.Tensor | PendingLogits, token_ids: Any = None, **kwargs: Any
+    ) -> torch.Tensor:
         if self.failure is None:
             try:
                 return super().__call__(logits, token_ids, **kwargs)
             except Exception as error:
                 self._fail(error)
-        return self._ended(logits)
+        return self._ended(logits.wait() if isinstance(logits, PendingLogits) else logits)
 
     def compact(
         self, logits: torch.Tensor, token_ids: Any = None, **kwargs: Any

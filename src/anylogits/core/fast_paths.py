@@ -12,7 +12,10 @@ one kind in vLLM's batch), it may subclass :class:`FastPaths` and implement what
 - :meth:`FastPaths.process_into`: the first processor of a pipeline whose caller keeps
   its logits writes the result straight into the output buffer;
 - :meth:`FastPaths.fused_form`: a processor a fused kernel applies says which, with its
-  parameters (:mod:`anylogits.core.fused_forms`), and runs in that kernel's launch on CUDA.
+  parameters (:mod:`anylogits.core.fused_forms`), and runs in that kernel's launch on CUDA;
+- :meth:`FastPaths.prepare`: host work that needs the batch but not the logits (a
+  grammar's mask) is done before an engine that computes its logits asynchronously
+  (MLX) is waited for, overlapping the model's forward.
 
 Each is a promise checked bit for bit against ``process`` (``tests/test_fast_paths.py``,
 ``tests/test_pipeline.py``). The pipeline reaches every processor through the functions
@@ -103,6 +106,14 @@ class FastPaths(LogitsProcessor):
         ``None`` when it cannot bound the tokens it keeps (the default)."""
         return None
 
+    def prepare(self, batch: Batch) -> None:
+        """Do now the work of the next :meth:`process` of ``batch`` that needs no logits.
+
+        Called before the logits exist, by engines that compute them asynchronously
+        (:class:`~anylogits.core.pending.PendingLogits`), from the thread that then calls
+        :meth:`process` (or :meth:`process_into`) with the same ``batch`` object, which
+        must give the bits it gives unprepared. The default does nothing."""
+
     def fused_form(self) -> FusedForm | None:
         """The kernel that applies this processor, bit for bit as :meth:`process` (within
         float rounding at a top-p or min-p boundary), and its parameters; ``None`` (the
@@ -160,6 +171,12 @@ def process_into(
     if isinstance(processor, FastPaths):
         return processor.process_into(logits, batch, out)
     return processor.process(out.copy_(logits), batch)
+
+
+def prepare(processor: LogitsProcessor, batch: Batch) -> None:
+    """:meth:`FastPaths.prepare` of ``processor`` (nothing without fast paths)."""
+    if isinstance(processor, FastPaths):
+        processor.prepare(batch)
 
 
 def stacks_states(processor: LogitsProcessor) -> bool:

@@ -22,6 +22,7 @@ import torch
 
 from anylogits.core.batch import Batch
 from anylogits.core.device_history import DeviceHistory
+from anylogits.core.pending import PendingLogits
 from anylogits.core.pipeline import Pipeline, end_sequences
 from anylogits.core.row_groups import GROUP_CACHE, PipelineGroups, RowGroup, brief
 from anylogits.core.slot_requests import (
@@ -173,7 +174,7 @@ class PersistentBatch:
 
     def process(
         self,
-        logits: torch.Tensor,
+        logits: torch.Tensor | PendingLogits,
         row_slots: Sequence[int] | None = None,
         *,
         drafts: Drafts | None = None,
@@ -183,7 +184,9 @@ class PersistentBatch:
         """Apply each row's pipeline to ``logits`` in place and return them.
 
         Args:
-            logits: ``(B, V)`` logits the engine lets us edit.
+            logits: ``(B, V)`` logits the engine lets us edit, or
+                :class:`~anylogits.core.pending.PendingLogits`: every group's pipeline
+                then prepares (a grammar fills its masks) before they are waited for.
             row_slots: the slot of each row; ``None`` means row ``i`` is slot ``i``.
             drafts: per row, speculative tokens that follow the committed sequence (the
                 row scores the position after them); states advance through them without
@@ -196,15 +199,57 @@ class PersistentBatch:
                 committed tokens nor drafts come back to the host for them.
         """
         if not self._slots:
-            return logits
-        layout = self._row_groups(logits.shape[0], row_slots, drafts is not None)
+            return logits.wait() if isinstance(logits, PendingLogits) else logits
+        rows = logits.rows if isinstance(logits, PendingLogits) else logits.shape[0]
+        layout = self._row_groups(rows, row_slots, drafts is not None)
         host_drafts = _DraftReader(drafts)
-        for row_group in layout:
+        prepared: list[Batch | Exception | None] = [None] * len(layout)
+        if isinstance(logits, PendingLogits):
+            for index, row_group in enumerate(layout):
+                try:
+                    prepared[index] = self._prepare(
+                        row_group, committed, host_drafts, device_history, logits.device
+                    )
+                except Exception as error:  # failed as _apply would: said below
+                    prepared[index] = error
+            logits = logits.wait()
+        for row_group, batch in zip(layout, prepared, strict=True):
             try:
-                self._apply(logits, row_group, committed, host_drafts, device_history)
+                if isinstance(batch, Exception):
+                    raise batch
+                self._apply(logits, row_group, committed, host_drafts, device_history, batch)
             except Exception as error:  # one request's failure must not stop the engine
                 self._fail(logits, row_group, error)
         return logits
+
+    def _prepare(
+        self,
+        row_group: RowGroup,
+        committed: CommittedReader | None,
+        drafts: _DraftReader,
+        device_history: DeviceHistory | None,
+        device: torch.device,
+    ) -> Batch | None:
+        """The group's batch, its pipeline prepared for it; ``None`` where it has none."""
+        pipeline = row_group.group.pipeline
+        if pipeline is None:
+            return None
+        batch = self._batch(pipeline, row_group, committed, drafts, device_history, device)
+        pipeline.prepare(batch)
+        return batch
+
+    def _batch(
+        self,
+        pipeline: Pipeline,
+        row_group: RowGroup,
+        committed: CommittedReader | None,
+        drafts: _DraftReader,
+        device_history: DeviceHistory | None,
+        device: torch.device,
+    ) -> Batch:
+        if device_history is not None and not pipeline.stateful:
+            return _device_batch(pipeline, row_group, device_history, device)
+        return _host_batch(pipeline, row_group, committed, drafts.of(row_group.rows), device)
 
     def _fail(self, logits: torch.Tensor, row_group: RowGroup, error: Exception) -> None:
         """End the requests of a group whose processors raised, and log why.
@@ -266,7 +311,10 @@ class PersistentBatch:
         committed: CommittedReader | None,
         drafts: _DraftReader,
         device_history: DeviceHistory | None,
+        batch: Batch | None = None,
     ) -> None:
+        """``row_group``'s pipeline on its rows of ``logits``; ``batch``: theirs, if
+        :meth:`_prepare` made it."""
         pipeline = row_group.group.pipeline
         if row_group.span is not None:
             start, end = row_group.span
@@ -281,11 +329,9 @@ class PersistentBatch:
             rows = self._end_sequences(rows)
         else:
             pipeline.check_logits(logits)
-            if device_history is not None and not pipeline.stateful:
-                batch = _device_batch(pipeline, row_group, device_history, logits.device)
-            else:
-                batch = _host_batch(
-                    pipeline, row_group, committed, drafts.of(row_group.rows), logits.device
+            if batch is None:
+                batch = self._batch(
+                    pipeline, row_group, committed, drafts, device_history, logits.device
                 )
             result = pipeline.apply(rows, batch)
             if row_group.span is not None and result is rows:

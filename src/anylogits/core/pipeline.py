@@ -12,6 +12,7 @@ from anylogits.core import fast_paths
 from anylogits.core.batch import Batch, TokenSource
 from anylogits.core.fast_paths import Candidates
 from anylogits.core.launch_plan import launch_plan
+from anylogits.core.pending import PendingLogits
 from anylogits.core.processor import LogitsProcessor, StatefulLogitsProcessor
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.tracker import SequenceTracker, child_maker
@@ -150,7 +151,7 @@ class Pipeline:
 
     def __call__(
         self,
-        logits: torch.Tensor,
+        logits: torch.Tensor | PendingLogits,
         token_ids: TokenSource | None = None,
         *,
         lengths: torch.Tensor | None = None,
@@ -159,7 +160,9 @@ class Pipeline:
         """Process ``(B, V)`` logits in place and return them.
 
         Args:
-            logits: ``(B, V)`` floating logits the pipeline may edit in place.
+            logits: ``(B, V)`` floating logits the pipeline may edit in place, or
+                :class:`~anylogits.core.pending.PendingLogits`: the processors then
+                :meth:`prepare` before they are waited for.
             token_ids: right-aligned ``(B, L)`` history including the prompt, or a function
                 building it (called only if a processor or the tracker needs it).
             lengths: ``(B,)`` real tokens per row, when rows are shorter than ``L``.
@@ -168,9 +171,29 @@ class Pipeline:
                 processor writes its result to ``out`` (see
                 :meth:`~anylogits.core.fast_paths.FastPaths.process_into`).
         """
-        self.check_logits(logits)
-        result = self._run(logits, self._batch(logits, token_ids, lengths), out, compact=False)
+        if isinstance(logits, PendingLogits):
+            batch = self._batch(logits.rows, logits.device, token_ids, lengths)
+            self.prepare(batch)
+            logits = logits.wait()
+            self.check_logits(logits)
+            if logits.shape[0] != batch.size:
+                raise ValueError(
+                    f"the pending logits have {logits.shape[0]} rows, not the {batch.size} "
+                    "they were announced with"
+                )
+        else:
+            self.check_logits(logits)
+            batch = self._batch(logits.shape[0], logits.device, token_ids, lengths)
+        result = self._run(logits, batch, out, compact=False)
         return result  # type: ignore[return-value]  # compact=False: never Candidates
+
+    def prepare(self, batch: Batch) -> None:
+        """Each processor's work for ``batch`` that needs no logits
+        (:meth:`~anylogits.core.fast_paths.FastPaths.prepare`), before an :meth:`apply`
+        of the same ``batch`` in this thread: for engines that compute their logits
+        asynchronously."""
+        for processor in self.processors:
+            fast_paths.prepare(processor, batch)
 
     def apply(
         self, logits: torch.Tensor, batch: Batch, *, out: torch.Tensor | None = None
@@ -204,7 +227,7 @@ class Pipeline:
         neither the full rows written nor scanned for the tokens left. ``logits`` may
         have been edited in place by the processors before that run."""
         self.check_logits(logits)
-        batch = self._batch(logits, token_ids, lengths)
+        batch = self._batch(logits.shape[0], logits.device, token_ids, lengths)
         return self._run(logits, batch, None, compact=True)
 
     def _run(
@@ -256,9 +279,12 @@ class Pipeline:
         return self._stateful
 
     def _batch(
-        self, logits: torch.Tensor, token_ids: TokenSource | None, lengths: torch.Tensor | None
+        self,
+        size: int,
+        device: torch.device,
+        token_ids: TokenSource | None,
+        lengths: torch.Tensor | None,
     ) -> Batch:
-        size, device = logits.shape[0], logits.device
         if self.tracker is None:
             return Batch(size, token_ids, lengths=lengths, vocab=self.vocab, device=device)
         if token_ids is None:

@@ -20,7 +20,8 @@ mlx-lm's stream sits idle: what runs after that wait is kept to the pipeline alo
   the way back. Only a processor that returns a new tensor costs a copy back
   (``mx.array(tensor)``, through DLPack; numpy, which has no bfloat16, is never on the way).
 - The history is cast and evaluated before the model (it only needs the previous token),
-  and converted while the model runs.
+  and converted while the model runs; so is the tracker's work and what processors can
+  do without the logits (a grammar's mask: ``PendingLogits``), before the wait.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ import torch
 
 from anylogits.adapters._hook import PipelineHook
 from anylogits.core.arrays import same_memory
+from anylogits.core.pending import PendingLogits
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 
 _UNSIGNED = {2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
+# Where MLX's arrays reach torch: DLPack hands them over on the host (unified memory).
+HOST = torch.device("cpu")
 
 
 class MlxLogitsProcessor(PipelineHook):
@@ -78,12 +82,17 @@ class MlxLogitsProcessor(PipelineHook):
         mx.async_eval(history)  # queued first: ready before the model's logits
         mx.async_eval(owned)
         token_ids = torch.from_dlpack(history)  # waits for the history only
-        scores = torch.from_dlpack(owned)  # waits for the model
-        view = scores[None] if scores.ndim == 1 else scores
-        result = self.pipeline(view, token_ids)
-        if same_memory(result, view):
+        waited: list[torch.Tensor] = []
+
+        def scores() -> torch.Tensor:
+            waited.append(torch.from_dlpack(owned))  # waits for the model
+            return waited[0][None] if waited[0].ndim == 1 else waited[0]
+
+        rows = 1 if logits.ndim == 1 else logits.shape[0]
+        result = self.pipeline(PendingLogits(rows, HOST, scores), token_ids)
+        if same_memory(result, waited[0]):
             return owned
-        return mx.array(result.reshape(scores.shape))
+        return mx.array(result.reshape(waited[0].shape))
 
 
 def _copy(array: mx.array) -> mx.array:

@@ -38,7 +38,8 @@ import mlx.core as mx
 import torch
 from mlx_lm.generate import GenerationBatch
 
-from anylogits.adapters.mlx import MlxLogitsProcessor, _copy
+from anylogits.adapters.mlx import HOST, MlxLogitsProcessor, _copy
+from anylogits.core.pending import PendingLogits
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.slot_requests import PushedTokens
 from anylogits.core.vocab import Vocabulary
@@ -131,7 +132,9 @@ class BatchedHooks:
             return logits, contexts
         owned = _copy(logits)
         mx.async_eval(owned)
-        self._requests.process(torch.from_dlpack(owned), row_slots)  # waits for the model
+        # The masks are filled while MLX runs the model; then its logits are waited for.
+        pending = PendingLogits(len(row_slots), HOST, lambda: torch.from_dlpack(owned))
+        self._requests.process(pending, row_slots)
         return owned, contexts
 
     def _follow(self, buffer: Any, hook: MlxLogitsProcessor, context: mx.array) -> int:

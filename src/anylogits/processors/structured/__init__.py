@@ -132,6 +132,8 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
             raise ValueError(message) from None
 
     stacks_states = True
+    # prepare()'s batch and its masks, until the process call of that batch.
+    _prepared: tuple[Batch, torch.Tensor | ReusedBitmask] | None = None
 
     def bind(self, vocab: Vocabulary | None) -> None:
         super().bind(vocab)
@@ -177,17 +179,35 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         return state.advance(token_id)
 
     def process(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return apply_bitmask(logits, self._filled_bitmask(batch))
+        return apply_bitmask(logits, self._bitmask_of(batch))
 
     def process_into(self, logits: torch.Tensor, batch: Batch, out: torch.Tensor) -> torch.Tensor:
         # `logits` stay untouched: one row is masked into `out` in one pass, several are
         # copied there and masked in place (apply_bitmask says why).
-        return apply_bitmask(logits, self._filled_bitmask(batch), out=out)
+        return apply_bitmask(logits, self._bitmask_of(batch), out=out)
 
-    def _filled_bitmask(self, batch: Batch) -> torch.Tensor | ReusedBitmask:
-        """The packed allowed tokens of every row of ``batch``."""
+    def prepare(self, batch: Batch) -> None:
+        # The masks, in this processor's own bitmask (the thread's one-row bitmask is
+        # another processor's until its apply): filled while the engine computes the
+        # logits, applied by the process call of this batch.
+        self._prepared = (batch, self._filled_bitmask(batch, shared_row=False))
+
+    def _bitmask_of(self, batch: Batch) -> torch.Tensor | ReusedBitmask:
+        """The masks of ``batch``: :meth:`prepare`'s, or filled now."""
+        prepared = self._prepared
+        if prepared is not None:
+            self._prepared = None
+            if prepared[0] is batch:
+                return prepared[1]
+        return self._filled_bitmask(batch)
+
+    def _filled_bitmask(
+        self, batch: Batch, shared_row: bool = True
+    ) -> torch.Tensor | ReusedBitmask:
+        """The packed allowed tokens of every row of ``batch``; ``shared_row``: one row's
+        in the calling thread's bitmask, not this processor's."""
         cursors = batch.states(self)
-        if len(cursors) == 1 and self._words:
+        if len(cursors) == 1 and self._words and shared_row:
             # One row (a request's step, a batch of one): the calling thread's bitmask,
             # shared by its processors, each of which fills and applies it before
             # another runs. One per processor cost ~40 us of a request's first mask
@@ -204,7 +224,7 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         self._vocab()  # unbound, the bitmask has no rows: say what is missing
         if rows < len(cursors):
             self._bitmask = ReusedBitmask(len(cursors), self._words)
-            return self._filled_bitmask(batch)
+            return self._filled_bitmask(batch, shared_row)
         bitmask = reused.tensor[: len(cursors)]
         fill_bitmask(ENGINE, cursors, bitmask, self._ended_row)
         return bitmask
