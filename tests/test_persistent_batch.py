@@ -13,6 +13,7 @@ from anylogits.core import row_groups
 from anylogits.core.pending import PendingLogits
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.row_groups import STACK_CACHE
+from test_support.grammar_fills import counted_fills
 
 VOCAB = Vocabulary(tokens=tuple(bytes([65 + i]) for i in range(8)), eos_token_ids=frozenset({7}))
 
@@ -130,23 +131,6 @@ def _grammar_requests() -> tuple[Vocabulary, list[tuple[Any, str]], list[list[in
     return vocab, requests, [spell(text) for _, text in requests]
 
 
-def _counted_fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The rows of each grammar fill from now on."""
-    from anylogits.processors import structured
-
-    fills: list[int] = []
-    original_fill = structured.fill_bitmask
-    monkeypatch.setattr(
-        structured,
-        "fill_bitmask",
-        lambda engine, cursors, *rest: (
-            fills.append(len(cursors)),
-            original_fill(engine, cursors, *rest),
-        ),
-    )
-    return fills
-
-
 def _walk_requests(
     vocab: Vocabulary,
     requests: list[tuple[Any, str]],
@@ -178,7 +162,7 @@ def test_grammars_of_many_requests_fill_and_apply_as_one(monkeypatch: pytest.Mon
     """Requests with different schemas (one group each) stack into one call: every row
     gets the mask its own processor alone gives, from one fill of the batch."""
     vocab, requests, paths = _grammar_requests()
-    fills = _counted_fills(monkeypatch)
+    fills = counted_fills(monkeypatch)
 
     def process(slots: PersistentBatch, logits: torch.Tensor) -> torch.Tensor:
         fills.clear()
@@ -199,7 +183,7 @@ def test_pending_logits_are_waited_for_once_every_mask_is_filled(
     """Given logits still being computed (MLX), the masks are filled first, so they
     overlap the model's forward; each row still gets what its processor alone gives."""
     vocab, requests, paths = _grammar_requests()
-    fills = _counted_fills(monkeypatch)
+    fills = counted_fills(monkeypatch)
     filled_at_wait: list[list[int]] = []
 
     def process(slots: PersistentBatch, logits: torch.Tensor) -> torch.Tensor:

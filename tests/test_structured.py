@@ -29,6 +29,7 @@ from anylogits.core.pending import PendingLogits  # noqa: E402
 from anylogits.core.registry import processor_type  # noqa: E402
 from anylogits.processors.structured import mask as _bitmask  # noqa: E402
 from anylogits.processors.structured.engine import ENGINE, _VocabularyTokenizer  # noqa: E402
+from test_support.grammar_fills import counted_fills  # noqa: E402
 
 PIECES = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
 EOS = len(PIECES)
@@ -310,19 +311,8 @@ def test_pending_logits_are_waited_for_once_the_masks_are_filled(
     """A pipeline given logits still being computed fills its grammars' masks first (in
     each processor's own bitmask: two grammars in one pipeline), then waits, and masks
     the logits as if it had been given them."""
-    from anylogits.processors import structured
-
     three, four = IDS["3"], IDS["4"]
-    fills: list[int] = []
-    original_fill = structured.fill_bitmask
-    monkeypatch.setattr(
-        structured,
-        "fill_bitmask",
-        lambda engine, cursors, *rest: (
-            fills.append(len(cursors)),
-            original_fill(engine, cursors, *rest),
-        ),
-    )
+    fills = counted_fills(monkeypatch)
     pending = Pipeline([Regex("[0-5]{2}c"), Regex("[3-9]{2}c")], VOCAB)
     plain = Pipeline([Regex("[0-5]{2}c"), Regex("[3-9]{2}c")], VOCAB)
     generator = torch.Generator().manual_seed(0)
