@@ -210,13 +210,14 @@ class PersistentBatch:
                     prepared[index] = self._prepare(
                         row_group, committed, host_drafts, device_history, logits.device
                     )
-                except Exception as error:  # failed as _apply would: said below
+                except Exception as error:  # ends the group below, as _apply's would
                     prepared[index] = error
             logits = logits.wait()
         for row_group, batch in zip(layout, prepared, strict=True):
+            if isinstance(batch, Exception):  # its prepare failed
+                self._fail(logits, row_group, batch)
+                continue
             try:
-                if isinstance(batch, Exception):
-                    raise batch
                 self._apply(logits, row_group, committed, host_drafts, device_history, batch)
             except Exception as error:  # one request's failure must not stop the engine
                 self._fail(logits, row_group, error)
