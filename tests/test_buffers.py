@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from anylogits.core.buffers import ReusedOutputs
@@ -21,6 +22,23 @@ def test_an_output_is_reused_once_it_and_its_views_are_dropped() -> None:
     del row
     third = outputs.like(logits)
     assert third.data_ptr() == first_memory  # nothing holds it any more: no allocation
+
+
+def test_the_first_call_makes_the_buffer_the_next_call_gets() -> None:
+    """The second output (the first still held, as transformers' loop holds it) was
+    allocated by the first call: the first decoding step allocates nothing."""
+    outputs = ReusedOutputs(keep=2)
+    logits = torch.zeros(2, 3)
+    first = outputs.like(logits)
+    made_by_the_first_call = {buffer.tensor.data_ptr() for buffer in outputs._buffers}
+    second = outputs.like(logits)
+    assert second.data_ptr() != first.data_ptr()
+    assert made_by_the_first_call == {first.data_ptr(), second.data_ptr()}
+
+
+def test_keep_below_one_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="keep must be at least 1, got 0"):
+        ReusedOutputs(keep=0)
 
 
 def test_outputs_kept_by_the_caller_are_all_distinct() -> None:

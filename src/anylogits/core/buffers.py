@@ -63,6 +63,8 @@ class ReusedOutputs:
     """
 
     def __init__(self, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep!r}")
         self.keep = keep
         self._buffers: list[_Buffer] = []
 
@@ -80,6 +82,14 @@ class ReusedOutputs:
         if _storage_use_count is None:
             return fresh
         self._buffers = [buffer for buffer in self._buffers if buffer.fits(tensor)]
+        if not self._buffers:
+            # A new layout: its spares are made now, with the first. The caller holds
+            # each result while it asks for the next (transformers' loop), so the next
+            # call would make one anyway, and its allocation would fall in the first
+            # decoding step instead of the prompt's call, which allocates anyway.
+            spares = [torch.empty_like(fresh) for _ in range(self.keep - 1)]
+            self._buffers = [_Buffer(buffer) for buffer in (fresh, *spares)]
+            return fresh.detach()
         if len(self._buffers) < self.keep:
             self._buffers.append(_Buffer(fresh))
             return fresh.detach()
