@@ -187,6 +187,20 @@ def test_token_ids_out_of_range_are_rejected(probe: GeneratedHashBias) -> None:
         SequenceTracker([probe]).locate(torch.tensor([[-1, 2]]))
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("bad_id", [-1, 1 << 21])
+def test_a_decoding_step_s_token_out_of_range_is_rejected(
+    probe: GeneratedHashBias, rows: int, bad_id: int
+) -> None:
+    """The step that extends the last call by one token checks that token too."""
+    tracker = SequenceTracker([probe])
+    prompt = torch.arange(rows * 3).reshape(rows, 3)
+    tracker.locate(prompt)
+    step = torch.cat([prompt, torch.full((rows, 1), bad_id)], 1)
+    with pytest.raises(ValueError, match="token ids must lie"):
+        tracker.locate(step)
+
+
 def test_max_idle_calls_is_validated(probe: GeneratedHashBias) -> None:
     with pytest.raises(ValueError, match="max_idle_calls must be >= 1, got 0"):
         SequenceTracker([probe], max_idle_calls=0)

@@ -16,7 +16,7 @@ hashed there: only the hashes and the new token come back to the host, not the h
 from __future__ import annotations
 
 import ctypes
-import sys
+import struct
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +35,7 @@ _MAX_TOKEN_ID = 1 << 21
 _MAX_LENGTH = 1 << 19
 # A call of at most this many tokens (a new short prompt) is hashed in Python ints.
 _HASHED_IN_PYTHON = 256
+_ONE_ID = struct.Struct("=q")  # one int64 token id in the host's byte order
 
 
 @dataclass(slots=True)
@@ -96,12 +97,14 @@ def descendant_node(child: Child, node: SequenceNode, token_ids: Iterable[int]) 
     return node
 
 
-def _token_bytes(ids: torch.Tensor) -> bytes:
-    """The row-major bytes of the int64 CPU ``ids``: one copy, which the next call
-    compares with its own prefix by ``memcmp``. At one row this is a quarter of what
-    ``torch.equal`` on a slice, ``select().tolist()`` and ``clone()`` cost (~2 against
-    ~10 us per token, dispatch overhead), and as fast at 4k tokens."""
-    count = ids.numel()
+def _token_bytes(ids: torch.Tensor, count: int | None = None) -> bytes:
+    """The row-major bytes of the int64 CPU ``ids`` (``count`` of them, where the caller
+    knows): one copy, which the next call compares with its own prefix by ``memcmp``. At
+    one row this is a quarter of what ``torch.equal`` on a slice, ``select().tolist()``
+    and ``clone()`` cost (~2 against ~10 us per token, dispatch overhead), and as fast at
+    4k tokens."""
+    if count is None:
+        count = ids.numel()
     if not count:
         return b""
     if not ids.is_contiguous():  # contiguous() dispatches even when it returns ids
@@ -388,23 +391,14 @@ class SequenceTracker:
         previous = self._last_width
         if width != previous + 1 or previous == 0 or batch != len(self._last_nodes):
             return None
-        tokens = _token_bytes(ids)
+        tokens = _token_bytes(ids, batch * width)
         if batch == 1:
-            if tokens[: 8 * previous] != self._last_tokens:
-                return None
-            token_id = int.from_bytes(tokens[-8:], sys.byteorder, signed=True)
-            _check_token_range(token_id, token_id)
-            last = [token_id]
-        else:
-            if not _rows_extend(tokens, self._last_tokens, batch, previous):
-                return None
-            last = memoryview(tokens).cast("q")[previous::width].tolist()
-            _check_token_range(min(last), max(last))
-        columns = self._weights.columns
-        if width > len(columns):
-            self._position_weights(width)
-            columns = self._weights.columns
-        first_weight, second_weight = columns[width - 1]
+            return self._extend_one_row(tokens, width)
+        if not _rows_extend(tokens, self._last_tokens, batch, previous):
+            return None
+        last = memoryview(tokens).cast("q")[previous::width].tolist()
+        _check_token_range(min(last), max(last))
+        first_weight, second_weight = self._column(width - 1)
         parents = self._last_nodes
         hashes = [
             (first + token_id * first_weight, second + token_id * second_weight)
@@ -423,6 +417,35 @@ class SequenceTracker:
         self._unregistered.append((self._clock, width, hashes, nodes))
         self._remember(tokens, width, hashes, nodes)
         return nodes
+
+    def _extend_one_row(self, tokens: bytes, width: int) -> list[SequenceNode] | None:
+        """:meth:`_extend_last_call` for one row (one sequence's decoding step, the most
+        frequent call): the same work without the per-row lists."""
+        if not tokens.startswith(self._last_tokens):
+            return None
+        (token_id,) = _ONE_ID.unpack_from(tokens, 8 * width - 8)
+        _check_token_range(token_id, token_id)
+        first_weight, second_weight = self._column(width - 1)
+        ((first, second),) = self._last_hashes
+        first += token_id * first_weight
+        second += token_id * second_weight
+        node = None
+        if width in self._length_counts:  # a rollback, then the same tokens again
+            node = self._nodes.get((width, first, second))
+        if node is None:
+            node = self._child(self._last_nodes[0], token_id)
+        hashes, nodes = [(first, second)], [node]
+        self._unregistered.append((self._clock, width, hashes, nodes))
+        self._remember(tokens, width, hashes, nodes)
+        return nodes
+
+    def _column(self, index: int) -> tuple[int, int]:
+        """The two weights of position ``index``, drawn if not yet."""
+        columns = self._weights.columns
+        if index >= len(columns):
+            self._position_weights(index + 1)
+            columns = self._weights.columns
+        return columns[index]
 
     def _register(self) -> None:
         """Key the nodes of the calls :meth:`_extend_last_call` left unregistered, each
