@@ -213,14 +213,17 @@ def test_llguidance_never_writes_through_a_bitmask_of_another_layout(
         engine.fill([(matchers[0], 0), (matchers[1], 1)], bitmask)
 
 
-def test_the_first_sequence_takes_the_matcher_that_computed_the_first_mask() -> None:
+def test_the_first_sequence_takes_the_copy_made_while_compiling() -> None:
     engine = LLGuidanceEngine()
     grammar = Regex("(ab)+c").grammar
     COMPILED.clear()
-    [spare] = engine._compiled(grammar, VOCAB).spare
+    compiled = engine._compiled(grammar, VOCAB)
+    [spare] = compiled.spare
     first, second = engine.start(grammar, VOCAB), engine.start(grammar, VOCAB)
-    # No copy for the first sequence: a request's first mask is one copy cheaper.
+    # No copy for the first sequence: a request's first mask is one copy cheaper. The
+    # template that every sequence copies is never a sequence's own.
     assert first is spare and second is not spare
+    assert compiled.template not in (first, second)
     # Each its own: the first's tokens leave the second before any token.
     assert first.try_consume_tokens([3, 2]) == 2  # "ab", "c"
     assert second.try_consume_tokens([2]) == 0 and second.try_consume_tokens([3]) == 1
