@@ -57,6 +57,32 @@ def test_a_grammar_over_the_time_budget_is_refused() -> None:
     Regex("[a-z]{1,3}")
 
 
+def test_an_answer_over_the_time_budget_is_refused_however_late_it_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded machine the checker can spend its budget and answer before the
+    waiting thread runs again: the verdict is still the CPU time the check took. Here
+    the waiting thread reads nothing until the answer is there."""
+    import select
+
+    from anylogits.processors.structured import guard
+
+    Regex(f"d{{{next(_unique) + 2}}}")  # the checker started, under no deferral
+    waits = []
+
+    def only_once_the_answer_is_there(read, write, error, timeout=None):
+        waits.append(timeout)
+        return select_now(read, write, error, None)
+
+    select_now = select.select
+    monkeypatch.setattr(guard.select, "select", only_once_the_answer_is_there)
+    big = largest_alternatives_grammar()
+    with override(grammar_check_ms=1), pytest.raises(ValueError) as raised:
+        Grammar(never_seen(big))
+    assert waits  # the deferred wait was the one that read the answer
+    assert "takes more than 1 ms of CPU time to compile" in str(raised.value)
+
+
 def test_the_checker_is_one_long_lived_process() -> None:
     Regex("a{2}")
     process = GUARD._process

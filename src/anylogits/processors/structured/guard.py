@@ -101,7 +101,13 @@ def _answer(process: subprocess.Popen[bytes], cpu_before: float, budget_s: float
     while True:
         ready, _, _ = select.select([process.stdout], [], [], wait)
         if ready:
-            return process.stdout.readline()
+            line = process.stdout.readline()
+            # Judged by the CPU time it took, however late this thread looks: on a
+            # loaded machine the checker can use its budget and answer before this
+            # thread runs again, and a grammar over the budget would then be accepted.
+            if _cpu_seconds(process.pid) - cpu_before >= budget_s:
+                return _OVER_BUDGET
+            return line
         used = _cpu_seconds(process.pid) - cpu_before
         if used >= budget_s:
             return _OVER_BUDGET
