@@ -69,12 +69,12 @@ def test_an_answer_over_the_time_budget_is_refused_however_late_it_is_read(
 
     Regex(f"d{{{next(_unique) + 2}}}")  # the checker started, under no deferral
     waits = []
+    select_now = select.select
 
     def only_once_the_answer_is_there(read, write, error, timeout=None):
         waits.append(timeout)
         return select_now(read, write, error, None)
 
-    select_now = select.select
     monkeypatch.setattr(guard.select, "select", only_once_the_answer_is_there)
     big = largest_alternatives_grammar()
     with override(grammar_check_ms=1), pytest.raises(ValueError) as raised:

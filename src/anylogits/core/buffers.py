@@ -82,18 +82,16 @@ class ReusedOutputs:
         if _storage_use_count is None:
             return fresh
         self._buffers = [buffer for buffer in self._buffers if buffer.fits(tensor)]
-        if not self._buffers:
-            # A new layout: its spares are made now, with the first. The caller holds
-            # each result while it asks for the next (transformers' loop), so the next
-            # call would make one anyway, and its allocation would fall in the first
-            # decoding step instead of the prompt's call, which allocates anyway.
-            spares = [torch.empty_like(fresh) for _ in range(self.keep - 1)]
-            self._buffers = [_Buffer(buffer) for buffer in (fresh, *spares)]
-            return fresh.detach()
-        if len(self._buffers) < self.keep:
-            self._buffers.append(_Buffer(fresh))
-            return fresh.detach()
-        return fresh
+        if self._buffers:  # all held: this one is not kept
+            return fresh
+        # A new layout: all its buffers are made now, with the first. The caller holds
+        # each result while it asks for the next (transformers' loop), so the next call
+        # would make one anyway, and its allocation would fall in the first decoding
+        # step instead of the prompt's call, which allocates anyway. Made together, they
+        # fit or are dropped together.
+        spares = [torch.empty_like(fresh) for _ in range(self.keep - 1)]
+        self._buffers = [_Buffer(buffer) for buffer in (fresh, *spares)]
+        return fresh.detach()
 
     def clear(self) -> None:
         """Drop the kept buffers (their memory is freed once callers drop theirs)."""

@@ -97,14 +97,12 @@ def descendant_node(child: Child, node: SequenceNode, token_ids: Iterable[int]) 
     return node
 
 
-def _token_bytes(ids: torch.Tensor, count: int | None = None) -> bytes:
-    """The row-major bytes of the int64 CPU ``ids`` (``count`` of them, where the caller
-    knows): one copy, which the next call compares with its own prefix by ``memcmp``. At
-    one row this is a quarter of what ``torch.equal`` on a slice, ``select().tolist()``
-    and ``clone()`` cost (~2 against ~10 us per token, dispatch overhead), and as fast at
-    4k tokens."""
-    if count is None:
-        count = ids.numel()
+def _token_bytes(ids: torch.Tensor) -> bytes:
+    """The row-major bytes of the int64 CPU ``ids``: one copy, which the next call
+    compares with its own prefix by ``memcmp``. At one row this is a quarter of what
+    ``torch.equal`` on a slice, ``select().tolist()`` and ``clone()`` cost (~2 against
+    ~10 us per token, dispatch overhead), and as fast at 4k tokens."""
+    count = ids.numel()
     if not count:
         return b""
     if not ids.is_contiguous():  # contiguous() dispatches even when it returns ids
@@ -361,7 +359,7 @@ class SequenceTracker:
         rows = torch.cat([hashes, ids[:, -1:], low[:, None], high[:, None]], 1).tolist()
         if rows:
             _check_token_range(min(row[3] for row in rows), max(row[4] for row in rows))
-        first_weight, second_weight = self._weights.columns[width - 1]
+        first_weight, second_weight = self._column(width - 1)
         full_keys = [row[:2] for row in rows]
         parent_keys = [
             (first - last * first_weight, second - last * second_weight)
@@ -391,7 +389,7 @@ class SequenceTracker:
         previous = self._last_width
         if width != previous + 1 or previous == 0 or batch != len(self._last_nodes):
             return None
-        tokens = _token_bytes(ids, batch * width)
+        tokens = _token_bytes(ids)
         if batch == 1:
             return self._extend_one_row(tokens, width)
         if not _rows_extend(tokens, self._last_tokens, batch, previous):

@@ -92,7 +92,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _answer(process: subprocess.Popen[bytes], cpu_before: float, budget_s: float) -> object:
     """The checker's answer line; :data:`_OVER_BUDGET` once it has used ``budget_s`` of CPU
-    time on this grammar without answering, :data:`_STARVED` if it could not use that much
+    time on this grammar, answered or not, :data:`_STARVED` if it could not use that much
     in :data:`STARVED_AFTER_S` (load, not the grammar). CPU time, not wall clock: on a
     loaded machine the same grammar gets the same verdict."""
     assert process.stdout is not None
@@ -100,17 +100,13 @@ def _answer(process: subprocess.Popen[bytes], cpu_before: float, budget_s: float
     wait = budget_s
     while True:
         ready, _, _ = select.select([process.stdout], [], [], wait)
-        if ready:
-            line = process.stdout.readline()
-            # Judged by the CPU time it took, however late this thread looks: on a
-            # loaded machine the checker can use its budget and answer before this
-            # thread runs again, and a grammar over the budget would then be accepted.
-            if _cpu_seconds(process.pid) - cpu_before >= budget_s:
-                return _OVER_BUDGET
-            return line
+        # Read before the answer is taken too: on a loaded machine the checker can use
+        # its budget and answer before this thread runs again.
         used = _cpu_seconds(process.pid) - cpu_before
         if used >= budget_s:
             return _OVER_BUDGET
+        if ready:
+            return process.stdout.readline()
         if time.monotonic() - started > STARVED_AFTER_S:
             return _STARVED
         wait = max(budget_s - used, 0.001)
