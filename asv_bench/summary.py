@@ -147,8 +147,10 @@ def structured_verdict(params: Params, ratio: float, extra: dict[str, float]) ->
 # filled one by one in its caller's thread, its faster path where its pool has one thread.
 # mlx-lm's server batches its requests' hooks (requests_b32_mlx); mlx-lm's own loop over
 # rows (requests_b32_mlx_rows, what another mlx-lm release gets) is reported, no target.
+# The prompt's mask with the grammar compiled (prompt_mask) is a mask: 1.10x.
 CORPUS_TARGETS = {
     "first_mask": 1.25,
+    "prompt_mask": 1.10,
     "mask_b1": 1.10,
     "mask_b1_in_place": 1.10,
     "mask_b1_after_forward": 1.10,

@@ -152,6 +152,8 @@ def test_schema_corpus_sides_walk_the_grammar_they_kept() -> None:
     schema_walks.first_mask_direct(vocab, schema)
     schema_walks.first_mask_ours(vocab, schema)
     ours_compiled = engine.COMPILED.stats().misses
+    assert schema_walks.prompt_mask_direct(vocab, schema) > 0
+    assert schema_walks.prompt_mask_ours(vocab, schema) > 0
     for batch in (1, 32):
         assert len(schema_walks.walk_direct(vocab, schema, path, batch)) == len(path)
         assert len(schema_walks.walk_ours(vocab, schema, path, batch)) == len(path)

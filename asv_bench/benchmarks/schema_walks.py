@@ -69,6 +69,34 @@ def first_mask_direct(vocab: Any, schema: dict) -> float:
     return elapsed
 
 
+def prompt_mask_ours(vocab: Any, schema: dict) -> float:
+    """The prompt's mask of a request whose grammar is compiled already: the hook's
+    first call, the hook built (its spec parsed, its compiled grammar found) untimed."""
+    from anylogits import JSONSchema, for_transformers
+
+    hook = for_transformers(JSONSchema(schema, lenient=True), tokenizer=vocab.hf)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    logits = vocab.logits[1].clone()
+    start = time.perf_counter()
+    hook(ids, logits)
+    return time.perf_counter() - start
+
+
+def prompt_mask_direct(vocab: Any, schema: dict) -> float:
+    """The same with llguidance: a copy of the kept matcher (found untimed), its fill
+    and apply."""
+    import llguidance.torch
+
+    template = vocab.template(schema)
+    logits = vocab.logits[1].clone()
+    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
+    start = time.perf_counter()
+    matcher = template.deep_copy()
+    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
+    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+    return time.perf_counter() - start
+
+
 def walk_ours(
     vocab: Any,
     schema: dict,
