@@ -49,7 +49,7 @@ each step's, ours over llguidance's):
   work between the same two forwards, so the steps pair up (llguidance's ``consume`` of
   one token can cost more than its fill, and counted in the step before on one side only
   it would skew the per-step quantiles). The first mask (the prompt's) is left out:
-  ``first_mask`` measures it.
+  ``first_mask`` measures it, and ``prompt_mask`` with the grammar compiled already.
 - ``mask_b1_after_forward``, ``mask_b32_after_forward``: ``mask_b1`` and ``mask_b32``
   with, before each step, a pass over ``schema_walks.FORWARD_BYTES`` of memory and then
   the step's logits written, what a model's forward does to the caches between two
