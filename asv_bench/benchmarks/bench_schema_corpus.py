@@ -28,7 +28,8 @@ each step's, ours over llguidance's):
   where ours pays it at the first step of ``mask_b1``: that step's cost shows in
   ``mask_b1`` and this mask's saving shows here.
 - ``mask_b1``, ``mask_b1_in_place``, ``mask_b32``, ``mask_b32_in_place``: one decoding
-  step along a real instance, with 1 and 32 rows. Each schema's path is the first
+  step along a real instance, with 1 and 32 rows (at B=1 each path walked
+  :data:`ONE_ROW_REPEATS` times, for the p99). Each schema's path is the first
   :data:`PATH_TOKENS` tokens of its example instance (``test_support.schema_examples``:
   required properties, up to :data:`OPTIONAL_KEYS` optional scalar ones per object, one
   item per list; valid under what lenient mode enforces), as the vocabulary's tokenizer
@@ -150,6 +151,9 @@ MAX_DEPTH = 5
 # Each side's first mask is the least of this many (the order alternating): one sample
 # of a 1 ms compile moved the ratio of the medians from 1.1 to 1.9 between idle runs.
 FIRST_MASK_REPEATS = 3
+# Walks of each path at B=1 (which goes first alternating): a p99 of one walk per schema
+# (~1,200 steps, ~12 above it) moved by 0.1-0.2 between runs; these walks are cheap.
+ONE_ROW_REPEATS = 3
 SEED = 35
 
 # {vocab: {measure: (ours' seconds, direct's seconds)}}, one entry per sample.
@@ -371,21 +375,22 @@ def measure(
             if path is None:  # this vocabulary's tokens of the example are refused
                 continue
             for walk, batch, in_place, forward, pool in WALKS:
-                ours_steps, direct_steps = _pair(
-                    lambda *args, in_place=in_place, forward=forward: sides.walk_ours(
-                        *args, in_place=in_place, forward=forward
-                    ),
-                    lambda *args, forward=forward, pool=pool: sides.walk_direct(
-                        *args, forward=forward, pool=pool
-                    ),
-                    swap,
-                    vocab,
-                    schema,
-                    path,
-                    batch,
-                )
-                found[walk][0].extend(ours_steps)
-                found[walk][1].extend(direct_steps)
+                for repeat in range(ONE_ROW_REPEATS if batch == 1 else 1):
+                    ours_steps, direct_steps = _pair(
+                        lambda *args, in_place=in_place, forward=forward: sides.walk_ours(
+                            *args, in_place=in_place, forward=forward
+                        ),
+                        lambda *args, forward=forward, pool=pool: sides.walk_direct(
+                            *args, forward=forward, pool=pool
+                        ),
+                        swap != bool(repeat % 2),
+                        vocab,
+                        schema,
+                        path,
+                        batch,
+                    )
+                    found[walk][0].extend(ours_steps)
+                    found[walk][1].extend(direct_steps)
         walk_requests(vocab, schemas, found)
         sides.clear_compiled(vocab)
         times[name] = found
@@ -508,7 +513,9 @@ def table(times: Times) -> str:
     return "\n".join(lines)
 
 
-def one_row_walks(vocab: str = "49k", repeats: int = 3) -> tuple[list[float], list[float]]:
+def one_row_walks(
+    vocab: str = "49k", repeats: int = ONE_ROW_REPEATS
+) -> tuple[list[float], list[float]]:
     """``mask_b1`` alone, each schema's walk ``repeats`` times (both sides interleaved as
     in :func:`measure`): the B=1 ratio with more samples, in ~30 s instead of ~1.5 min."""
     _require()
