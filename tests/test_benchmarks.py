@@ -133,6 +133,25 @@ def test_cost_at_limits_runs() -> None:
     run(CostAtLimits(), "track_at_limits_over_typical", "dry", 1)
 
 
+def test_schema_corpus_measures_every_quantity_per_vocabulary() -> None:
+    """``measure`` keys its times by vocabulary and takes each schema's quantities: both
+    first masks once, every walk, the one-row walks :data:`ONE_ROW_REPEATS` times."""
+    pytest.importorskip("llguidance")
+    from benchmarks import bench_schema_corpus
+
+    from test_support.schema_corpus import RealSchema
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    times = bench_schema_corpus.measure(["128k"], [RealSchema("test", "a", schema)])
+    assert list(times) == ["128k"]
+    found = times["128k"]
+    assert len(found["first_mask"][0]) == len(found["prompt_mask"][1]) == 1
+    steps = len(found["mask_b32"][0])
+    assert steps == len(found["mask_b32"][1]) > 0
+    for walk in ("mask_b1", "mask_b1_in_place", "mask_b1_after_forward"):
+        assert len(found[walk][0]) == bench_schema_corpus.ONE_ROW_REPEATS * steps
+
+
 def test_schema_corpus_sides_walk_the_grammar_they_kept() -> None:
     """Both sides compile a schema once, at its first mask, and every walk copies that
     compiled grammar: copies share the lexer llguidance builds lazily, so a side that

@@ -348,7 +348,7 @@ def measure(
         for index, corpus_schema in enumerate(schemas):
             schema, swap = corpus_schema.schema, bool(index % 2)
             # The first mask (compiled first), then the prompt's with it compiled.
-            for name, ours_side, direct_side in (
+            for first, ours_side, direct_side in (
                 ("first_mask", sides.first_mask_ours, sides.first_mask_direct),
                 ("prompt_mask", sides.prompt_mask_ours, sides.prompt_mask_direct),
             ):
@@ -356,8 +356,8 @@ def measure(
                     _pair(ours_side, direct_side, swap != bool(repeat % 2), vocab, schema)
                     for repeat in range(FIRST_MASK_REPEATS)
                 ]
-                found[name][0].append(min(ours for ours, _ in pairs))
-                found[name][1].append(min(direct for _, direct in pairs))
+                found[first][0].append(min(ours for ours, _ in pairs))
+                found[first][1].append(min(direct for _, direct in pairs))
             path = vocab.path(schema)
             if path is None:  # this vocabulary's tokens of the example are refused
                 continue
