@@ -145,7 +145,8 @@ def test_schema_corpus_measures_every_quantity_per_vocabulary() -> None:
     times = bench_schema_corpus.measure(["128k"], [RealSchema("test", "a", schema)])
     assert list(times) == ["128k"]
     found = times["128k"]
-    assert len(found["first_mask"][0]) == len(found["prompt_mask"][1]) == 1
+    for first in ("first_mask", "prompt_mask", "request_mask"):
+        assert len(found[first][0]) == len(found[first][1]) == 1
     steps = len(found["mask_b32"][0])
     assert steps == len(found["mask_b32"][1]) > 0
     for walk in ("mask_b1", "mask_b1_in_place", "mask_b1_after_forward"):
@@ -159,7 +160,8 @@ def test_schema_corpus_sides_walk_the_grammar_they_kept() -> None:
     pytest.importorskip("llguidance")
     from benchmarks import bench_schema_corpus, schema_walks
 
-    from anylogits.processors.structured import engine
+    from anylogits.core.specs import BUILT_SPECS
+    from anylogits.processors.structured import REQUEST_GRAMMARS, engine
 
     vocab = bench_schema_corpus._Vocab("128k")
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -173,6 +175,16 @@ def test_schema_corpus_sides_walk_the_grammar_they_kept() -> None:
     ours_compiled = engine.COMPILED.stats().misses
     assert schema_walks.prompt_mask_direct(vocab, schema) > 0
     assert schema_walks.prompt_mask_ours(vocab, schema) > 0
+    assert schema_walks.request_mask_direct(vocab, schema) > 0
+    specs, grammars = BUILT_SPECS.stats(), REQUEST_GRAMMARS.stats()
+    assert schema_walks.request_mask_ours(vocab, schema) > 0
+    # Untimed: the client's check (vllm_xargs) builds the specs and makes the grammar;
+    # the server admits the request once (its specs built to check them, then to run,
+    # each finding the grammar). Timed: the specs found built, the grammar found once.
+    assert BUILT_SPECS.stats().misses == specs.misses + 2
+    assert BUILT_SPECS.stats().hits == specs.hits + 1
+    assert REQUEST_GRAMMARS.stats().misses == grammars.misses + 1
+    assert REQUEST_GRAMMARS.stats().hits == grammars.hits + 3
     for batch in (1, 32):
         assert len(schema_walks.walk_direct(vocab, schema, path, batch)) == len(path)
         assert len(schema_walks.walk_ours(vocab, schema, path, batch)) == len(path)
@@ -180,4 +192,17 @@ def test_schema_corpus_sides_walk_the_grammar_they_kept() -> None:
     assert compiles == [schema]
     assert engine.COMPILED.stats().misses == ours_compiled
     schema_walks.clear_compiled(vocab)
-    assert not vocab.templates and not engine.COMPILED.stats().entries
+    assert not vocab.templates and not vocab.by_text and not engine.COMPILED.stats().entries
+    assert not BUILT_SPECS.stats().entries and not REQUEST_GRAMMARS.stats().entries
+
+
+def test_every_corpus_measure_has_a_target_or_says_why_not() -> None:
+    """summary.py's verdict of each measure of the corpus benchmark: a target, or the
+    reason it has none."""
+    from benchmarks import bench_schema_corpus
+    from summary import CORPUS_TARGETS, CORPUS_WITHOUT_TARGET, corpus_verdict
+
+    assert not set(CORPUS_TARGETS) & set(CORPUS_WITHOUT_TARGET)
+    assert set(CORPUS_TARGETS) | set(CORPUS_WITHOUT_TARGET) == set(bench_schema_corpus.MEASURES)
+    for measure in bench_schema_corpus.MEASURES:
+        assert "target" in corpus_verdict({"vocab": "49k", "measure": measure}, 1.0, {})

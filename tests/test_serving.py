@@ -56,6 +56,38 @@ def test_admitted_specs_are_built_for_the_served_vocabulary() -> None:
     assert logits[0, 2] == -5.0 and logits[0].sum() == -5.0
 
 
+def test_a_requests_schema_is_checked_and_translated_once_per_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server admits a request (its specs checked, then built to run): the second
+    build, and every later request with the same specs, takes the grammar the first
+    check made; the masks are those of a schema built in Python."""
+    pytest.importorskip("llguidance")
+    from anylogits.processors import structured
+
+    checked: list[object] = []
+    real_check = structured.check_schema
+    monkeypatch.setattr(structured, "check_schema", lambda *a: checked.append(a) or real_check(*a))
+    vocab = anylogits.Vocabulary((b'"', b"A", b"B", b"C", b"AB", b"<eos>"), frozenset({5}))
+    schema = {"type": "string", "enum": ["AB", "BA", "CAB"], "maxLength": 643}
+    sent = {
+        "prompt": "x",
+        "vllm_xargs": {"anylogits": json.dumps([{"type": "json_schema", "schema": schema}])},
+    }
+    requests = [admit(sent, vocab, request="r") for _ in "abc"]
+    assert len(checked) == 1
+    grammars = {id(p.pipeline.processors[0].grammar) for p in requests if p.pipeline}
+    assert len(grammars) == 1
+    mine = anylogits.Pipeline([anylogits.JSONSchema(schema)], vocab)
+    prompt, after = torch.tensor([[1]]), torch.tensor([[1, 0]])  # then '"'
+    expected = [mine(torch.zeros(1, 6), ids) for ids in (prompt, after)]
+    assert torch.isinf(expected[1]).any() and not torch.equal(*expected)
+    for request in requests:
+        assert request.pipeline is not None
+        masks = [request.pipeline(torch.zeros(1, 6), ids) for ids in (prompt, after)]
+        assert all(map(torch.equal, masks, expected))
+
+
 @pytest.mark.parametrize(
     "text",
     [

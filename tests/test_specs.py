@@ -79,3 +79,59 @@ def test_bad_specs_name_the_bad_field(spec: object, message: str) -> None:
 def test_to_specs_returns_plain_json() -> None:
     specs = to_specs(EXAMPLES)
     assert json.loads(json.dumps(specs)) == specs
+
+
+def test_specs_that_built_are_not_built_again_under_the_same_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server checks each request's specs (vLLM twice: in its frontend and its engine):
+    specs that built before, sent as the same text under the same limits, are not built
+    again; other limits, a client's check, and a failure do not count as built."""
+    from anylogits.core import specs as _specs
+    from anylogits.core.limits import checking_client_side, override
+
+    built: list[object] = []
+    real = _specs._build_checked
+
+    def counting(spec: object, text: str, index: int) -> LogitsProcessor:
+        built.append(spec)
+        return real(spec, text, index)
+
+    monkeypatch.setattr(_specs, "_build_checked", counting)
+    _specs.BUILT_SPECS.clear()
+    # As vllm_xargs sends them (compact JSON): the text is their key.
+    text = '[{"type":"top_k","top_k":7},{"type":"temperature","temperature":0.5}]'
+    for _ in range(3):
+        assert _specs.parse_specs(text, "request") == json.loads(text)
+    assert len(built) == 2
+    as_sent = json.loads(text)
+    for _ in range(2):  # the same specs as dicts: keyed by json.dumps' text
+        assert _specs.parse_specs(as_sent, "request") == as_sent
+    assert len(built) == 4
+    with checking_client_side():  # a client's check vouches for the server's: no
+        _specs.parse_specs(text, "request")
+    assert len(built) == 6
+    with override(processors=1), pytest.raises(ValueError, match="processors"):
+        _specs.parse_specs(text, "request")  # built under other limits: checked again
+    with override(spec_bytes=64), pytest.raises(ValueError, match="spec_bytes"):
+        _specs.parse_specs(text, "request")
+    with override(items=1000):  # any other limits: built again, then found
+        _specs.parse_specs(text, "request")
+        _specs.parse_specs(text, "request")
+    assert len(built) == 8
+    bad = '[{"type": "top_k", "top_k": 0}]'
+    for _ in range(2):
+        with pytest.raises(ValueError, match="top_k"):
+            _specs.parse_specs(bad, "request")
+    assert len(built) == 10
+
+
+def test_a_checked_spec_key_goes_to_the_processor_its_spec_names_once() -> None:
+    from anylogits.core.limits import building_checked_spec, claim_checked_spec
+
+    assert claim_checked_spec(TopK) is None
+    with building_checked_spec(TopK, ("[]", 0)):
+        assert claim_checked_spec(TopP) is None  # a processor the spec does not name
+        assert claim_checked_spec(TopK) == ("[]", 0)
+        assert claim_checked_spec(TopK) is None  # built by the first, within its build
+    assert claim_checked_spec(TopK) is None

@@ -689,6 +689,66 @@ def test_a_grammar_is_validated_and_compiled_once(monkeypatch: pytest.MonkeyPatc
     assert _grammar_engine.COMPILED.stats().hits == compiles.hits + 5
 
 
+def test_a_requests_spec_is_turned_into_its_grammar_once_per_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server checks a request's specs, then builds them to run (vLLM checks them twice
+    first): built as checked, a structured spec takes the grammar its check made, without
+    its checks or llguidance's translation again, until the limits change. A spec built
+    otherwise (not checked as part of a request), or by its user, makes its own."""
+    from anylogits.core.limits import override
+    from anylogits.core.specs import BUILT_SPECS, build_specs, parse_specs
+    from anylogits.processors import structured
+
+    checked: list[object] = []
+    real_check = structured.check_schema
+    monkeypatch.setattr(structured, "check_schema", lambda *a: checked.append(a) or real_check(*a))
+    translated: list[object] = []
+    real = llguidance.LLMatcher
+
+    class CountingMatcher:
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            return real(*args, **kwargs)
+
+        def grammar_from_json_schema(self, *args: object, **kwargs: object) -> str:
+            translated.append(args)
+            return real.grammar_from_json_schema(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", CountingMatcher())
+    BUILT_SPECS.clear()
+    schema = {"type": "array", "items": {"enum": ["ab", "ba"]}, "maxItems": 977}
+    spec = {"type": "json_schema", "schema": schema}
+    request = parse_specs([spec], "request")
+    assert len(checked) == len(translated) == 1
+    processors = [*build_specs(request), *build_specs(parse_specs([spec], "request"))]
+    assert len(checked) == len(translated) == 1
+    assert processors[1].grammar is processors[0].grammar
+    unchecked = from_spec(spec)
+    mine = JSONSchema(schema)
+    assert len(checked) == len(translated) == 3
+    assert unchecked.grammar == mine.grammar == processors[0].grammar
+    paths = [[], [IDS["["]], [IDS["["], IDS['"']]]
+    assert allowed(processors[1], paths) == allowed(mine, paths)
+    text_size = len(json.dumps(schema))
+    with override(grammar_chars=text_size - 1), pytest.raises(ValueError, match="grammar_chars"):
+        build_specs(request)  # checked under other limits: checked again, and refused
+    with override(schema_items=976), pytest.raises(ValueError, match="schema_items"):
+        build_specs(request)
+    with override(items=1000):  # other limits: checked and translated again, once
+        build_specs(request)
+        build_specs(request)
+    assert len(translated) == 4
+    lark: list[object] = []
+    real_lark = structured.check_lark
+    monkeypatch.setattr(structured, "check_lark", lambda *a: lark.append(a) or real_lark(*a))
+    request = parse_specs([{"type": "grammar", "grammar": 'start: "ab"{1,977}'}], "request")
+    grammars = build_specs(request) + build_specs(request)
+    assert len(lark) == 1 and grammars[1].grammar is grammars[0].grammar
+
+
 _LOGGED_COMPILE = """
 import logging, sys
 from anylogits import Regex, Vocabulary

@@ -256,3 +256,29 @@ def test_a_transformers_object_is_known_only_to_the_process_that_made_it() -> No
         request_specs({"anylogits": [{**spec, "object_id": "0" * 32}]})
     with pytest.raises(ValueError, match="must be a transformers LogitsProcessor"):
         request_specs({"anylogits": [{"type": "transformers_object", "processor": "os.system"}]})
+
+
+def test_requests_sending_the_same_specs_share_one_pipeline_built_as_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's engine checks each request's specs, then finds or builds its pipeline: the
+    same text is checked once and its pipeline, keyed by that text, built once, from the
+    specs as checked."""
+    from anylogits.core import specs as _specs
+
+    built: list[object] = []
+    real = _specs._build
+    monkeypatch.setattr(
+        _specs,
+        "_build",
+        lambda spec, checked_as=None: built.append(checked_as) or real(spec, checked_as),
+    )
+    _specs.BUILT_SPECS.clear()
+    sent = vllm_xargs(LogitBias({2: 5.0}))
+    built.clear()  # the client's own check
+    requests = VllmRequests(VOCAB)
+    for slot in range(3):
+        requests.add(slot, sent, prompt_ids=[1], output_ids=[])
+    assert built == [(sent["anylogits"], 0)] * 2
+    assert len(requests._groups) == 1
+    assert requests.process(torch.zeros(3, 8))[:, 2].tolist() == [5.0] * 3

@@ -27,6 +27,15 @@ each step's, ours over llguidance's):
   llguidance alone, in ``docs/limits.md``), and llguidance's side pays that here,
   where ours pays it at the first step of ``mask_b1``: that step's cost shows in
   ``mask_b1`` and this mask's saving shows here.
+- ``request_mask``: a request whose schema the server has seen before, from its parsed
+  body to its prompt's mask, each side's least of :data:`FIRST_MASK_REPEATS`. Ours: as
+  ``anylogits serve`` runs it, the body's specs (the JSON text ``vllm_xargs`` makes)
+  admitted and built (``serving.admit``: the text parsed and found among the specs that
+  built, the processor built as checked, taking the grammar its check made), then the
+  pipeline's first call. Direct: the schema's ``json.dumps`` as the key of the kept
+  matcher (the least a server of parsed bodies does to find it), a copy, its fill and
+  apply. No target: what a request costs to admit beyond its grammar (its specs' text
+  parsed, linear in the schema's size; its processors and pipeline built).
 - ``mask_b1``, ``mask_b1_in_place``, ``mask_b32``, ``mask_b32_in_place``: one decoding
   step along a real instance, with 1 and 32 rows (at B=1 each path walked
   :data:`ONE_ROW_REPEATS` times, for the p99). Each schema's path is the first
@@ -112,6 +121,7 @@ VOCABS = ["49k", "128k"]
 MEASURES = [
     "first_mask",
     "prompt_mask",
+    "request_mask",
     "mask_b1",
     "mask_b1_in_place",
     "mask_b1_after_forward",
@@ -256,6 +266,8 @@ class _Vocab:
         # matcher share its lazily built lexer, so a side that compiled afresh for each
         # walk would build that lexer again where the other reuses it.
         self.templates: dict[str, Any] = {}
+        # The same matchers by the schema's JSON text (``request_mask``).
+        self.by_text: dict[str, Any] = {}
 
     def template(self, schema: dict) -> Any:
         """The direct side's kept matcher of ``schema`` (compiled on first use), which
@@ -351,6 +363,7 @@ def measure(
             for first, ours_side, direct_side in (
                 ("first_mask", sides.first_mask_ours, sides.first_mask_direct),
                 ("prompt_mask", sides.prompt_mask_ours, sides.prompt_mask_direct),
+                ("request_mask", sides.request_mask_ours, sides.request_mask_direct),
             ):
                 pairs = [
                     _pair(ours_side, direct_side, swap != bool(repeat % 2), vocab, schema)

@@ -6,6 +6,7 @@ matchers."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -31,13 +32,17 @@ def clear_compiled(vocab: Any) -> None:
     """Forget both sides' compiled grammars."""
     _clear_ours()
     vocab.templates.clear()
+    vocab.by_text.clear()
 
 
 def _clear_ours() -> None:
-    from anylogits.processors.structured import engine
+    from anylogits.core.specs import BUILT_SPECS
+    from anylogits.processors.structured import REQUEST_GRAMMARS, engine
 
     engine.COMPILED.clear()
     engine.VALIDATIONS.clear()
+    REQUEST_GRAMMARS.clear()
+    BUILT_SPECS.clear()
 
 
 def first_mask_ours(vocab: Any, schema: dict) -> float:
@@ -58,6 +63,7 @@ def first_mask_direct(vocab: Any, schema: dict) -> float:
     import llguidance.torch
 
     vocab.templates.clear()
+    vocab.by_text.clear()
     logits = vocab.logits[1].clone()
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
     start = time.perf_counter()
@@ -92,6 +98,42 @@ def prompt_mask_direct(vocab: Any, schema: dict) -> float:
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
     start = time.perf_counter()
     matcher = template.deep_copy()
+    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
+    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
+    return time.perf_counter() - start
+
+
+def request_mask_ours(vocab: Any, schema: dict) -> float:
+    """A request whose schema the server has admitted before (a client sending its schema
+    again), as ``anylogits serve`` runs it: its parsed body's specs admitted and built
+    (``serving.admit``), then its prompt's mask. The specs travel as a client's
+    ``vllm_xargs`` carries them (their JSON text, made untimed)."""
+    from anylogits import JSONSchema, vllm_xargs
+    from anylogits.core.limits import override
+    from anylogits.serving import REQUEST_FIELD, admit
+
+    with override(grammar_chars=REQUEST_GRAMMAR_CHARS, spec_bytes=REQUEST_GRAMMAR_CHARS):
+        body = {REQUEST_FIELD: vllm_xargs(JSONSchema(schema, lenient=True))}
+        admit(body, vocab.vocabulary, request="warm")  # admitted before
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        logits = vocab.logits[1].clone()
+        start = time.perf_counter()
+        pipeline = admit(body, vocab.vocabulary, request="timed").pipeline
+        assert pipeline is not None
+        pipeline(logits, ids)
+        return time.perf_counter() - start
+
+
+def request_mask_direct(vocab: Any, schema: dict) -> float:
+    """The same with llguidance: the schema's JSON text as the key of its kept matcher
+    (a server of parsed bodies finds it so), a copy, its fill and apply."""
+    import llguidance.torch
+
+    vocab.by_text.setdefault(json.dumps(schema), vocab.template(schema))
+    logits = vocab.logits[1].clone()
+    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
+    start = time.perf_counter()
+    matcher = vocab.by_text[json.dumps(schema)].deep_copy()
     llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
     llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
     return time.perf_counter() - start

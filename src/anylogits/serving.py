@@ -29,7 +29,7 @@ from anylogits.core.fast_paths import Candidates
 from anylogits.core.pending import PendingLogits
 from anylogits.core.pipeline import Pipeline, end_sequences
 from anylogits.core.processor import LogitsProcessor
-from anylogits.core.specs import from_spec
+from anylogits.core.specs import build_specs
 from anylogits.core.vocab import Vocabulary
 from anylogits.core.wire import SPEC_FIELD, SPEC_KEY, validate_request
 
@@ -143,8 +143,7 @@ def admit(body: Any, vocabulary: Vocabulary, *, request: str) -> Admitted:
     if not specs:
         return Admitted(None, wants_ids)
     try:
-        processors = [from_spec(spec) for spec in specs]
-        pipeline = RequestPipeline(processors, vocabulary, request=request)
+        pipeline = RequestPipeline(build_specs(specs), vocabulary, request=request)
     except Exception as error:  # whatever a client's spec raises is that client's 400
         raise Refused(
             f"{SPEC_FIELD} cannot run on the served model: {type(error).__name__}: {error}"

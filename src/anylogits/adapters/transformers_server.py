@@ -60,7 +60,7 @@ from anylogits.adapters.transformers_cb import (
     check_transformers_version,
     for_continuous_batching,
 )
-from anylogits.core.specs import from_spec, to_specs
+from anylogits.core.specs import build_specs, from_spec, to_specs
 from anylogits.core.wire import SPEC_FIELD, SPEC_KEY
 from anylogits.processors.bias import LogitBias
 from anylogits.processors.length import StopStrings
@@ -171,7 +171,7 @@ def _admit(handler: Any, body: dict[str, Any], ours: dict[str, Any], request_id:
     pipeline = None
     if specs or fields:
         try:
-            processors = [from_spec(spec) for spec in [*fields, *specs]]
+            processors = [*map(from_spec, fields), *build_specs(specs)]
             pipeline = RequestPipeline(processors, vocab, request=f"request {request_id}")
         except Exception as error:  # whatever a client's spec raises is that client's 400
             raise Refused(

@@ -39,7 +39,7 @@ from anylogits.core.device_history import CommittedReads, SlotHistory
 from anylogits.core.limits import limits
 from anylogits.core.logs import configure_logging
 from anylogits.core.registry import load_plugins
-from anylogits.core.specs import from_spec
+from anylogits.core.specs import build_specs
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 from anylogits.core.wire import (
     SPEC_FIELD,
@@ -180,7 +180,7 @@ class AnyLogitsV1RunnerArgmaxInvariant(AnyLogitsV1Runner):
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         specs = request_specs(sampling_params.extra_args) or []
-        for index, processor in enumerate(from_spec(spec) for spec in specs):
+        for index, processor in enumerate(build_specs(specs)):
             if not processor.argmax_invariant:
                 raise ValueError(
                     f"{SPEC_FIELD}[{index}] is {type(processor).__name__}, which can change "

@@ -3,7 +3,10 @@ breaker tables) must not accumulate without bound."""
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+import threading
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 Key = TypeVar("Key")
 Value = TypeVar("Value")
@@ -62,3 +65,58 @@ class LeastRecentlyUsed(Generic[Key, Value]):
         """Drop every entry."""
         self._entries.clear()
         self.weight = 0
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What a :class:`BoundedCache` holds (its entries' weights: characters of the texts
+    they were made from) and how often it was asked."""
+
+    entries: int
+    weight: int
+    hits: int
+    misses: int
+    evictions: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.entries} entries, {self.weight / 1e6:.1f} MB of text, "
+            f"{self.hits} hits, {self.misses} misses, {self.evictions} evictions"
+        )
+
+
+class BoundedCache:
+    """At most ``max_entries`` values whose weights sum to at most ``max_weight``; the
+    least recently used go first (:class:`~anylogits.core.cache.LeastRecentlyUsed`), a
+    value heavier than ``max_weight`` alone is not kept. Thread-safe, with counters."""
+
+    def __init__(self, max_entries: int, max_weight: int) -> None:
+        self._lock = threading.Lock()
+        self._values: LeastRecentlyUsed[Hashable, Any] = LeastRecentlyUsed(
+            max_entries, max_weight=max_weight
+        )
+        self._hits = self._misses = 0
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            found = self._values.get(key)
+            if found is None:
+                self._misses += 1
+            else:
+                self._hits += 1
+            return found
+
+    def put(self, key: Hashable, value: Any, weight: int = 1) -> None:
+        with self._lock:
+            self._values.put(key, value, weight)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            values = self._values
+            return CacheStats(
+                len(values), values.weight, self._hits, self._misses, values.evictions
+            )

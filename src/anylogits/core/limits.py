@@ -267,6 +267,42 @@ def checking_client_side() -> contextlib.AbstractContextManager[None]:
     return _set_within(_CLIENT_SIDE)
 
 
+# The request spec being built whose text is known: the class it names, and a key that
+# determines it (see building_checked_spec).
+_CHECKED_SPEC: contextvars.ContextVar[tuple[type, tuple[str, int]] | None] = contextvars.ContextVar(
+    "anylogits_checked_spec", default=None
+)
+
+
+@contextlib.contextmanager
+def building_checked_spec(cls: type, key: tuple[str, int]) -> Iterator[None]:
+    """Inside :func:`building_from_request`: the processor being built is a ``cls`` from
+    a spec checked before as ``key`` (its request's text and its place there, which
+    determine it), so that it may find what its first build made
+    (:func:`claim_checked_spec`)."""
+    token = _CHECKED_SPEC.set((cls, key))
+    try:
+        yield
+    finally:
+        _CHECKED_SPEC.reset(token)
+
+
+def claim_checked_spec(cls: type) -> tuple[str, int] | None:
+    """The key of the checked spec being built (:func:`building_checked_spec`) for the
+    processor it names, ``cls``; once, so that a processor its constructor builds in
+    turn gets none."""
+    found = _CHECKED_SPEC.get()
+    if found is None or found[0] is not cls:
+        return None
+    _CHECKED_SPEC.set(None)
+    return found[1]
+
+
+def client_side() -> bool:
+    """Whether specs are being checked for a client (see :func:`checking_client_side`)."""
+    return _CLIENT_SIDE.get()
+
+
 def admitted_by_server() -> bool:
     """Whether the processor being built is a request's spec that a server is admitting
     (not a client checking it, see :func:`checking_client_side`, nor a user's own): only

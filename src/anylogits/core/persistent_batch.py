@@ -131,7 +131,7 @@ class PersistentBatch:
             self._slots.pop(slot, None)
             return False
         else:
-            group = self._groups.group(list(specs))
+            group = self._groups.group(specs)
         length = len(prompt_ids) if prompt_ids is not None else prompt_length
         if length is None:
             raise ValueError("pass prompt_ids or prompt_length")

@@ -3,25 +3,41 @@ files)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from anylogits.core.limits import building_from_request, check_size, limits
+from anylogits.core.cache import BoundedCache
+from anylogits.core.limits import (
+    building_checked_spec,
+    building_from_request,
+    check_size,
+    client_side,
+    limits,
+)
 from anylogits.core.processor import LogitsProcessor, build_specs_with
 from anylogits.core.registry import processor_type
 
 
 def constructor_parameters(cls: type[LogitsProcessor]) -> dict[str, inspect.Parameter]:
-    """The keyword parameters a spec may set for ``cls``."""
-    signature = inspect.signature(cls.__init__)
-    return {
-        name: parameter
-        for name, parameter in signature.parameters.items()
-        if name != "self"
-        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-    }
+    """The keyword parameters a spec may set for ``cls`` (kept: not to be changed)."""
+    found = _PARAMETERS.get(cls)
+    if found is None:
+        signature = inspect.signature(cls.__init__)
+        found = _PARAMETERS[cls] = {
+            name: parameter
+            for name, parameter in signature.parameters.items()
+            if name != "self"
+            and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        }
+    return found
+
+
+# Every spec's build looks its class's parameters up (inspect.signature costs ~10 us).
+_PARAMETERS: dict[type, dict[str, inspect.Parameter]] = {}
 
 
 #: Where a value sits inside a spec, built only when an error names it: ``None`` for the
@@ -134,6 +150,12 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
     if not isinstance(spec, dict):
         raise ValueError(f"a spec must be a dict with a 'type' field, got {type(spec).__name__}")
     check_json_value(spec, "spec")
+    return _build(spec)
+
+
+def _build(spec: dict[str, Any], checked_as: tuple[str, int] | None = None) -> LogitsProcessor:
+    """The processor of ``spec``, a dict of plain JSON; ``checked_as``: a key that
+    determines it, where it was checked as part of a request (see :func:`build_specs`)."""
     fields = dict(spec)
     kind = fields.pop("type", None)
     cls = processor_type(kind)
@@ -150,8 +172,11 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
     )
     if missing:
         raise ValueError(f"spec for {kind!r} is missing required field(s) {missing}")
+    checked = (
+        contextlib.nullcontext() if checked_as is None else building_checked_spec(cls, checked_as)
+    )
     try:
-        with building_from_request():
+        with building_from_request(), checked:
             return cls(**fields)
     except ValueError:
         raise
@@ -162,6 +187,14 @@ def from_spec(spec: dict[str, Any] | str) -> LogitsProcessor:
         ) from None
 
 
+def _build_checked(spec: Any, text: str, index: int) -> LogitsProcessor:
+    """The processor of ``spec``, the ``index``-th of the specs :func:`parse_specs`
+    checked as ``text``: not walked again."""
+    if not isinstance(spec, dict):
+        return from_spec(spec)  # a spec's JSON text inside the list, or not a spec
+    return _build(spec, (text, index))
+
+
 def to_specs(processors: list[LogitsProcessor]) -> list[dict[str, Any]]:
     """The specs of several processors, each checked to be plain JSON."""
     specs = [processor.to_spec() for processor in processors]
@@ -170,17 +203,31 @@ def to_specs(processors: list[LogitsProcessor]) -> list[dict[str, Any]]:
     return specs
 
 
-def parse_specs(value: Any, where: str) -> list[dict[str, Any]]:
+class CheckedSpecs(list[dict[str, Any]]):
+    """The specs :func:`parse_specs` checked, and ``text``, what they were checked as (the
+    request's text, or their JSON), which determines them: :func:`build_specs` builds
+    them as checked, so they are not to be changed."""
+
+    def __init__(self, specs: list[dict[str, Any]], text: str) -> None:
+        super().__init__(specs)
+        self.text = text
+
+
+def parse_specs(value: Any, where: str) -> CheckedSpecs:
     """The checked specs of one request, from what a client sent: a list of spec dicts,
     one spec dict, or their JSON text (servers that carry only flat values send text).
 
     Bounded before anything is built (processors per request, JSON depth and size), and
     every spec must build: raises ``ValueError`` naming the bad field, e.g.
-    ``{where}[1]: spec field 'type' is ...``.
+    ``{where}[1]: spec field 'type' is ...``. Specs that built before, as the same text
+    under the same limits, are not built again (:data:`BUILT_SPECS`).
     """
-    specs = load_json(value, where) if isinstance(value, str) else value
+    text = value if isinstance(value, str) else None
+    specs = load_json(value, where) if text is not None else value
     if isinstance(specs, dict):
         specs = [specs]
+    if text is not None and _built_before(text):
+        return CheckedSpecs(specs, text)
     if not isinstance(specs, list):
         raise ValueError(
             f"{where} must be a list of processor specs (dicts with a 'type' field), got "
@@ -188,13 +235,46 @@ def parse_specs(value: Any, where: str) -> list[dict[str, Any]]:
         )
     check_size(where, len(specs), "processors", "processors")
     check_json_value(specs, where)
-    check_size(where, len(json.dumps(specs)), "spec_bytes", "bytes of JSON")
+    dumped = json.dumps(specs)
+    check_size(where, len(dumped), "spec_bytes", "bytes of JSON")
+    if text is None:
+        text = dumped
+        if _built_before(text):
+            return CheckedSpecs(specs, text)
     for index, spec in enumerate(specs):
         try:
-            from_spec(spec)
+            _build_checked(spec, text, index)
         except Exception as error:  # untrusted input: any failure is a bad request
             raise ValueError(f"{where}[{index}]: {error}") from None
-    return specs
+    BUILT_SPECS.put(_built_key(text), True, weight=len(text))
+    return CheckedSpecs(specs, text)
+
+
+def build_specs(specs: Sequence[dict[str, Any]]) -> list[LogitsProcessor]:
+    """The processors of ``specs``, each :func:`from_spec`'s; those of :func:`parse_specs`
+    (its :class:`CheckedSpecs`) are built as checked there: not walked again, and a
+    structured processor takes the grammar its spec's check made."""
+    if isinstance(specs, CheckedSpecs):
+        return [_build_checked(spec, specs.text, index) for index, spec in enumerate(specs)]
+    return [from_spec(spec) for spec in specs]
+
+
+# The specs that built, by their text (as sent, or their JSON) and what they were checked
+# under: a server sees a client's specs again and again (vLLM checks each request's in
+# its frontend and again in its engine), and building them can cost milliseconds (a JSON
+# schema checked and turned into a grammar). Only successes are kept: a refusal can be
+# the machine's (a grammar's check out of memory) and costs little to find again.
+BUILT_SPECS = BoundedCache(max_entries=1024, max_weight=64 << 20)
+
+
+def _built_key(text: str) -> tuple[str, Any, bool]:
+    # A client's check may lack an engine the server has (llguidance): it vouches for
+    # client-side checks only.
+    return (text, limits(), client_side())
+
+
+def _built_before(text: str) -> bool:
+    return BUILT_SPECS.get(_built_key(text)) is not None
 
 
 # ``SomeProcessor.from_spec(spec)`` builds through this module's from_spec.

@@ -1,16 +1,9 @@
-"""A bounded least-recently-used cache with counters: compiled grammars and validation
-verdicts, which a server sees again and again (every request of a client that sends the
-same schema), kept within a number of entries and a total weight (bytes of grammar)."""
+"""The keys of the structured processors' caches (compiled grammars, validation verdicts,
+requests' grammars: :class:`~anylogits.core.cache.BoundedCache` each)."""
 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections.abc import Hashable
-from dataclasses import dataclass
-from typing import Any
-
-from anylogits.core.cache import LeastRecentlyUsed
 
 
 def grammar_key(grammar: str) -> bytes:
@@ -29,55 +22,3 @@ def grammar_key(grammar: str) -> bytes:
 
 
 _RECENT_KEYS: dict[int, tuple[str, bytes]] = {}
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    entries: int
-    weight: int
-    hits: int
-    misses: int
-    evictions: int
-
-    def __str__(self) -> str:
-        return (
-            f"{self.entries} entries, {self.weight / 1e6:.1f} MB of grammar, "
-            f"{self.hits} hits, {self.misses} misses, {self.evictions} evictions"
-        )
-
-
-class BoundedCache:
-    """At most ``max_entries`` values whose weights sum to at most ``max_weight``; the
-    least recently used go first (:class:`~anylogits.core.cache.LeastRecentlyUsed`), a
-    value heavier than ``max_weight`` alone is not kept. Thread-safe, with counters."""
-
-    def __init__(self, max_entries: int, max_weight: int) -> None:
-        self._lock = threading.Lock()
-        self._values: LeastRecentlyUsed[Hashable, Any] = LeastRecentlyUsed(
-            max_entries, max_weight=max_weight
-        )
-        self._hits = self._misses = 0
-
-    def get(self, key: Hashable) -> Any | None:
-        with self._lock:
-            found = self._values.get(key)
-            if found is None:
-                self._misses += 1
-            else:
-                self._hits += 1
-            return found
-
-    def put(self, key: Hashable, value: Any, weight: int = 1) -> None:
-        with self._lock:
-            self._values.put(key, value, weight)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-
-    def stats(self) -> CacheStats:
-        with self._lock:
-            values = self._values
-            return CacheStats(
-                len(values), values.weight, self._hits, self._misses, values.evictions
-            )

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 
 import torch
 
+from anylogits.core.cache import BoundedCache
 from anylogits.core.limits import admitted_by_server, limits, llguidance_limits
 from anylogits.core.vocab import Vocabulary
-from anylogits.processors.structured.cache import BoundedCache, grammar_key
+from anylogits.processors.structured.cache import grammar_key
 from anylogits.processors.structured.guard import GUARD, GrammarCheckFailed
 
 logger = logging.getLogger(__name__)
