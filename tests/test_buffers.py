@@ -63,3 +63,30 @@ def test_a_buffer_made_in_inference_mode_is_not_handed_out_outside_it() -> None:
     out = outputs.like(logits)
     assert out.data_ptr() != inference_memory
     out.copy_(logits)  # writable here: raises for an inference tensor
+
+
+def test_a_new_hooks_outputs_are_the_buffers_a_dropped_one_left() -> None:
+    """The next request's hook takes the buffers of one dropped (or cleared) before it,
+    except those a caller still holds; large ones are not kept for it."""
+    from anylogits.core import buffers
+
+    buffers._spares.clear()
+    logits = torch.zeros(1, 1000)
+    outputs = ReusedOutputs(keep=2)
+    held = outputs.like(logits)
+    left = {buffer.tensor.data_ptr() for buffer in outputs._buffers}
+    del outputs  # `held` is still the caller's
+    after = ReusedOutputs(keep=2)
+    first = after.like(logits)
+    second = after.like(logits)
+    mine = {first.data_ptr(), second.data_ptr()}
+    assert held.data_ptr() not in mine and len(mine & left) == 1
+    del first, second
+    after.clear()
+    again = ReusedOutputs(keep=2)
+    assert again.like(logits).data_ptr() in mine
+    large = ReusedOutputs(keep=1)
+    large.like(torch.zeros(1, buffers.SPARE_BYTES // 4 + 1))
+    before = len(buffers._spares)
+    del large
+    assert len(buffers._spares) == before

@@ -103,9 +103,8 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         self._grammar: str | None = None
         self._grammar_key: bytes | None = None
         spec = claim_checked_spec(type(self)) if from_request() else None
-        remembered = None if spec is None else (spec, limits())
-        if remembered is not None:
-            known = REQUEST_GRAMMARS.get(remembered)
+        if spec is not None:
+            known = REQUEST_GRAMMARS.get((spec, limits()))
             if known is not None:
                 self._grammar, self._grammar_key = known
                 return
@@ -125,9 +124,9 @@ class _Grammar(StatefulLogitsProcessor[GrammarCursor], FastPaths):
         if from_request():
             with self._compile_errors():
                 ENGINE.check(grammar)
-            if spec is not None and remembered is not None:
+            if spec is not None:
                 weight = len(grammar) + len(spec[0])  # the grammar, its request's text
-                REQUEST_GRAMMARS.put(remembered, (grammar, self._key()), weight=weight)
+                REQUEST_GRAMMARS.put((spec, limits()), (grammar, self._key()), weight=weight)
 
     @property
     def grammar_pending(self) -> bool:
