@@ -123,6 +123,26 @@ def test_requests_get_what_they_get_alone_whoever_runs_beside_them(cb_engine: An
     assert outputs[::2] == alone[::-1]
 
 
+def test_a_schema_sent_again_is_neither_checked_nor_translated_again(
+    cb_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``add_request`` checks a request's specs; its row's pipeline is built from them as
+    checked (the grammar the check made) and kept by their text: the same request again
+    checks, translates and builds nothing."""
+    from anylogits.processors import structured
+
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 311}
+    processors = [JSONSchema(schema)]
+    checked: list[object] = []
+    real = structured.check_schema
+    monkeypatch.setattr(structured, "check_schema", lambda *a: checked.append(a) or real(*a))
+    prompt = cb_engine.tokenizer.encode(PROMPTS[1])
+    first = cb_engine.submit("greedy", [(prompt, processors, {})], NEW_TOKENS)
+    again = cb_engine.submit("greedy", [(prompt, processors, {})], NEW_TOKENS)
+    assert first == again and first != cb_engine.submit("greedy", [(prompt, (), {})], NEW_TOKENS)
+    assert len(checked) == 1
+
+
 def test_a_request_joining_a_running_batch_and_chunked_prefill(cb_engine: Any) -> None:
     """A long prompt prefilled in chunks (its rows sample nothing) while requests decode;
     requests that join later: each gets its tokens alone."""

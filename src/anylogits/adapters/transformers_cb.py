@@ -220,7 +220,10 @@ class ContinuousBatchingHook(ContinuousBatchingLogitsProcessor):
             specs, failure = None, None
             try:
                 own = request_specs({SPEC_KEY: raw}) if raw is not None else None
-                specs = [*around.get("before", ()), *(own or ()), *around.get("after", ())]
+                # Alone, a request's checked specs are built as checked (their grammars
+                # found, their pipeline keyed by their text).
+                before, after = around.get("before", ()), around.get("after", ())
+                specs = own if not (before or after) else [*before, *(own or ()), *after]
             except ValueError as error:  # add_request checks first; a manager may not
                 failure = str(error)
             self._own.put(slot, specs, failure=failure, prompt_ids=prompt, output=entry.feed)
