@@ -264,20 +264,19 @@ class _Vocab:
         self.logits = {batch: common.peaked_logits(batch, self.size) for batch in (1, 32)}
         # The direct side's compiled grammars, as anylogits keeps its own: copies of a
         # matcher share its lazily built lexer, so a side that compiled afresh for each
-        # walk would build that lexer again where the other reuses it.
+        # walk would build that lexer again where the other reuses it. Keyed by the
+        # schema's json.dumps, as ``request_mask`` times a server finding one.
         self.templates: dict[str, Any] = {}
-        # The same matchers by the schema's JSON text (``request_mask``).
-        self.by_text: dict[str, Any] = {}
 
     def template(self, schema: dict) -> Any:
         """The direct side's kept matcher of ``schema`` (compiled on first use), which
         its walks copy, as anylogits' walks copy its compiled grammar."""
-        template = self.templates.get(json.dumps(schema, sort_keys=True))
+        template = self.templates.get(json.dumps(schema))
         return self.keep(schema, self.matcher(schema)) if template is None else template
 
     def keep(self, schema: dict, matcher: Any) -> Any:
         """Keep ``matcher`` as ``schema``'s template and return it."""
-        self.templates[json.dumps(schema, sort_keys=True)] = matcher
+        self.templates[json.dumps(schema)] = matcher
         return matcher
 
     def matcher(self, schema: dict) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +33,6 @@ def clear_compiled(vocab: Any) -> None:
     """Forget both sides' compiled grammars."""
     _clear_ours()
     vocab.templates.clear()
-    vocab.by_text.clear()
 
 
 def _clear_ours() -> None:
@@ -63,7 +63,6 @@ def first_mask_direct(vocab: Any, schema: dict) -> float:
     import llguidance.torch
 
     vocab.templates.clear()
-    vocab.by_text.clear()
     logits = vocab.logits[1].clone()
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
     start = time.perf_counter()
@@ -91,13 +90,19 @@ def prompt_mask_ours(vocab: Any, schema: dict) -> float:
 def prompt_mask_direct(vocab: Any, schema: dict) -> float:
     """The same with llguidance: a copy of the kept matcher (found untimed), its fill
     and apply."""
+    template = vocab.template(schema)
+    return _copy_fill_apply(vocab, lambda: template)
+
+
+def _copy_fill_apply(vocab: Any, find: Callable[[], Any]) -> float:
+    """Seconds to find a kept matcher (``find``), copy it, fill its first mask and apply
+    it to a row of logits."""
     import llguidance.torch
 
-    template = vocab.template(schema)
     logits = vocab.logits[1].clone()
     bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
     start = time.perf_counter()
-    matcher = template.deep_copy()
+    matcher = find().deep_copy()
     llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
     llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
     return time.perf_counter() - start
@@ -127,16 +132,8 @@ def request_mask_ours(vocab: Any, schema: dict) -> float:
 def request_mask_direct(vocab: Any, schema: dict) -> float:
     """The same with llguidance: the schema's JSON text as the key of its kept matcher
     (a server of parsed bodies finds it so), a copy, its fill and apply."""
-    import llguidance.torch
-
-    vocab.by_text.setdefault(json.dumps(schema), vocab.template(schema))
-    logits = vocab.logits[1].clone()
-    bitmask = llguidance.torch.allocate_token_bitmask(1, vocab.direct_tokenizer.vocab_size)
-    start = time.perf_counter()
-    matcher = vocab.by_text[json.dumps(schema)].deep_copy()
-    llguidance.torch.fill_next_token_bitmask(matcher, bitmask)
-    llguidance.torch.apply_token_bitmask_inplace(logits, bitmask)
-    return time.perf_counter() - start
+    vocab.template(schema)  # kept (compiled on its first use)
+    return _copy_fill_apply(vocab, lambda: vocab.templates[json.dumps(schema)])
 
 
 def walk_ours(
