@@ -85,20 +85,17 @@ class ReusedOutputs:
                 # (or a view of it), the storage's count says so.
                 return buffer.tensor.detach()
         if _storage_use_count is None:
-            return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+            return _fresh(tensor)
         self._buffers[:] = [buffer for buffer in self._buffers if buffer.fits(tensor)]
         if self._buffers:  # all held: this one is not kept
-            return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+            return _fresh(tensor)
         # A new layout: all its buffers are made now, with the first. The caller holds
         # each result while it asks for the next (transformers' loop), so the next call
         # would make one anyway, and its allocation would fall in the first decoding
         # step instead of the prompt's call, which allocates anyway. Made together, they
         # fit or are dropped together. Those of a dropped hook come first.
         spares = _take_spares(tensor, self.keep)
-        made = [
-            _Buffer(torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device))
-            for _ in range(self.keep - len(spares))
-        ]
+        made = [_Buffer(_fresh(tensor)) for _ in range(self.keep - len(spares))]
         self._buffers[:] = [*spares, *made]
         return self._buffers[0].tensor.detach()
 
@@ -107,6 +104,11 @@ class ReusedOutputs:
         by the next new layout of this or another :class:`ReusedOutputs`)."""
         _release(self._buffers)
         self._buffers[:] = []
+
+
+def _fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor with ``tensor``'s shape, dtype and device."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
 
 
 # The buffers of dropped or cleared ReusedOutputs, for the next new layout of another (the
