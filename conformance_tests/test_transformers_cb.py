@@ -129,13 +129,11 @@ def test_a_schema_sent_again_is_neither_checked_nor_translated_again(
     """``add_request`` checks a request's specs; its row's pipeline is built from them as
     checked (the grammar the check made) and kept by their text: the same request again
     checks, translates and builds nothing."""
-    from anylogits.processors import structured
+    from test_support.grammar_fills import counted_checks
 
     schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 311}
     processors = [JSONSchema(schema)]
-    checked: list[object] = []
-    real = structured.check_schema
-    monkeypatch.setattr(structured, "check_schema", lambda *a: checked.append(a) or real(*a))
+    checked = counted_checks(monkeypatch)
     prompt = cb_engine.tokenizer.encode(PROMPTS[1])
     first = cb_engine.submit("greedy", [(prompt, processors, {})], NEW_TOKENS)
     again = cb_engine.submit("greedy", [(prompt, processors, {})], NEW_TOKENS)

@@ -63,11 +63,9 @@ def test_a_requests_schema_is_checked_and_translated_once_per_server(
     build, and every later request with the same specs, takes the grammar the first
     check made; the masks are those of a schema built in Python."""
     pytest.importorskip("llguidance")
-    from anylogits.processors import structured
+    from test_support.grammar_fills import counted_checks
 
-    checked: list[object] = []
-    real_check = structured.check_schema
-    monkeypatch.setattr(structured, "check_schema", lambda *a: checked.append(a) or real_check(*a))
+    checked = counted_checks(monkeypatch)
     vocab = anylogits.Vocabulary((b'"', b"A", b"B", b"C", b"AB", b"<eos>"), frozenset({5}))
     schema = {"type": "string", "enum": ["AB", "BA", "CAB"], "maxLength": 643}
     sent = {

@@ -29,7 +29,7 @@ from anylogits.core.pending import PendingLogits  # noqa: E402
 from anylogits.core.registry import processor_type  # noqa: E402
 from anylogits.processors.structured import mask as _bitmask  # noqa: E402
 from anylogits.processors.structured.engine import ENGINE, _VocabularyTokenizer  # noqa: E402
-from test_support.grammar_fills import counted_fills  # noqa: E402
+from test_support.grammar_fills import counted_checks, counted_fills  # noqa: E402
 
 PIECES = [*'abc0123456789{}[]":, ', "ab", '{"', '":', "12"]
 EOS = len(PIECES)
@@ -698,11 +698,8 @@ def test_a_requests_spec_is_turned_into_its_grammar_once_per_limits(
     otherwise (not checked as part of a request), or by its user, makes its own."""
     from anylogits.core.limits import override
     from anylogits.core.specs import BUILT_SPECS, build_specs, parse_specs
-    from anylogits.processors import structured
 
-    checked: list[object] = []
-    real_check = structured.check_schema
-    monkeypatch.setattr(structured, "check_schema", lambda *a: checked.append(a) or real_check(*a))
+    checked = counted_checks(monkeypatch)
     translated: list[object] = []
     real = llguidance.LLMatcher
 
@@ -741,9 +738,7 @@ def test_a_requests_spec_is_turned_into_its_grammar_once_per_limits(
         build_specs(request)
         build_specs(request)
     assert len(translated) == 4
-    lark: list[object] = []
-    real_lark = structured.check_lark
-    monkeypatch.setattr(structured, "check_lark", lambda *a: lark.append(a) or real_lark(*a))
+    lark = counted_checks(monkeypatch, "check_lark")
     request = parse_specs([{"type": "grammar", "grammar": 'start: "ab"{1,977}'}], "request")
     grammars = build_specs(request) + build_specs(request)
     assert len(lark) == 1 and grammars[1].grammar is grammars[0].grammar
