@@ -129,6 +129,7 @@ def test_a_schema_sent_again_is_neither_checked_nor_translated_again(
     """``add_request`` checks a request's specs; its row's pipeline is built from them as
     checked (the grammar the check made) and kept by their text: the same request again
     checks, translates and builds nothing."""
+    from anylogits.adapters.transformers_cb import AROUND_KEY
     from test_support.grammar_fills import counted_checks
 
     schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 311}
@@ -138,6 +139,12 @@ def test_a_schema_sent_again_is_neither_checked_nor_translated_again(
     first = cb_engine.submit("greedy", [(prompt, processors, {})], NEW_TOKENS)
     again = cb_engine.submit("greedy", [(prompt, processors, {})], NEW_TOKENS)
     assert first == again and first != cb_engine.submit("greedy", [(prompt, (), {})], NEW_TOKENS)
+    assert len(checked) == 1
+    # With a generation config's processors around them (``transformers serve``): still
+    # built as checked, the config's own specs as they are.
+    around = {AROUND_KEY: {"before": [], "after": to_specs([TopK(1)])}}
+    for _ in range(2):
+        assert cb_engine.submit("greedy", [(prompt, processors, around)], NEW_TOKENS) == first
     assert len(checked) == 1
 
 

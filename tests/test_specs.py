@@ -135,3 +135,45 @@ def test_a_checked_spec_key_goes_to_the_processor_its_spec_names_once() -> None:
         assert claim_checked_spec(TopK) == ("[]", 0)
         assert claim_checked_spec(TopK) is None  # built by the first, within its build
     assert claim_checked_spec(TopK) is None
+
+
+def test_a_servers_specs_around_checked_ones_leave_those_built_as_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``around_checked``: the checked specs keep their key (text, index) however many of a
+    server's own specs go before them; the whole is keyed by all three parts."""
+    from anylogits.core import specs as _specs
+
+    keys: list[tuple[object, str, int]] = []
+    real = _specs._build_checked
+
+    def recording(spec: dict, text: str, index: int) -> LogitsProcessor:
+        keys.append((spec["type"], text, index))
+        return real(spec, text, index)
+
+    monkeypatch.setattr(_specs, "_build_checked", recording)
+    text = '[{"type":"top_k","top_k":7},{"type":"temperature","temperature":0.5}]'
+    own = _specs.parse_specs(text, "request")
+    keys.clear()
+    before, after = to_specs([RepetitionPenalty(1.3)]), to_specs([TopP(0.9), MinP(0.1)])
+    joined = _specs.around_checked(before, own, after)
+    assert joined == [*before, *own, *after]
+    built = _specs.build_specs(joined)
+    assert [type(p) for p in built] == [RepetitionPenalty, TopK, Temperature, TopP, MinP]
+    assert keys == [("top_k", text, 0), ("temperature", text, 1)]
+    nested = _specs.around_checked(after, joined, before)
+    keys.clear()
+    _specs.build_specs(nested)
+    assert keys == [("top_k", text, 0), ("temperature", text, 1)]
+    assert _specs.around_checked([], own, []) is own
+    others = {
+        _specs.around_checked(before, own, []).text,
+        _specs.around_checked([], own, before).text,
+        joined.text,
+        nested.text,
+        own.text,
+    }
+    assert len(others) == 5
+    # No client's text, one JSON value, is such a key.
+    with pytest.raises(ValueError, match="not valid JSON"):
+        _specs.parse_specs(joined.text, "request")

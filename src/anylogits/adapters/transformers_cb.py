@@ -55,6 +55,7 @@ from transformers.generation.continuous_batching.requests import RequestStatus
 from anylogits.core.persistent_batch import PersistentBatch
 from anylogits.core.pipeline import Pipeline
 from anylogits.core.processor import LogitsProcessor
+from anylogits.core.specs import around_checked
 from anylogits.core.sync import host_sync_allowed
 from anylogits.core.vocab import Vocabulary, hf_vocabulary
 from anylogits.core.wire import SPEC_KEY, request_specs
@@ -220,10 +221,13 @@ class ContinuousBatchingHook(ContinuousBatchingLogitsProcessor):
             specs, failure = None, None
             try:
                 own = request_specs({SPEC_KEY: raw}) if raw is not None else None
-                # Alone, a request's checked specs are built as checked (their grammars
-                # found, their pipeline keyed by their text).
-                before, after = around.get("before", ()), around.get("after", ())
-                specs = own if not (before or after) else [*before, *(own or ()), *after]
+                before, after = around.get("before", []), around.get("after", [])
+                # A request's own specs are built as checked (their grammars found), the
+                # pipeline keyed by their text and the config's specs around them.
+                if own is None:
+                    specs = [*before, *after] or None
+                else:
+                    specs = around_checked(before, own, after)
             except ValueError as error:  # add_request checks first; a manager may not
                 failure = str(error)
             self._own.put(slot, specs, failure=failure, prompt_ids=prompt, output=entry.feed)

@@ -179,7 +179,7 @@ class AnyLogitsV1RunnerArgmaxInvariant(AnyLogitsV1Runner):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        specs = request_specs(sampling_params.extra_args) or []
+        specs: list[dict[str, Any]] = request_specs(sampling_params.extra_args) or []
         for index, processor in enumerate(build_specs(specs)):
             if not processor.argmax_invariant:
                 raise ValueError(

@@ -206,11 +206,39 @@ def to_specs(processors: list[LogitsProcessor]) -> list[dict[str, Any]]:
 class CheckedSpecs(list[dict[str, Any]]):
     """The specs :func:`parse_specs` checked, and ``text``, what they were checked as (the
     request's text, or their JSON), which determines them: :func:`build_specs` builds
-    them as checked, so they are not to be changed."""
+    them as checked, so they are not to be changed.
 
-    def __init__(self, specs: list[dict[str, Any]], text: str) -> None:
+    :func:`around_checked` puts a server's own specs around them; ``checked`` is then
+    the slice of the list that was checked as ``checked_text``."""
+
+    def __init__(
+        self,
+        specs: list[dict[str, Any]],
+        text: str,
+        checked: slice | None = None,
+        checked_text: str | None = None,
+    ) -> None:
         super().__init__(specs)
         self.text = text
+        self.checked = checked if checked is not None else slice(0, len(specs))
+        self.checked_text = checked_text if checked_text is not None else text
+
+
+def around_checked(
+    before: Sequence[dict[str, Any]], specs: CheckedSpecs, after: Sequence[dict[str, Any]]
+) -> CheckedSpecs:
+    """``specs`` with a server's own specs before and after them (a request's generation
+    config as processors): ``specs`` are still built as checked, and the whole is keyed
+    by all three."""
+    if not before and not after:
+        return specs
+    # Two JSON values: no client's text (one value) is this key, and the first newline
+    # ends the server's part (compact JSON has none).
+    around = json.dumps([before, after], sort_keys=True, separators=(",", ":"))
+    checked = slice(len(before) + specs.checked.start, len(before) + specs.checked.stop)
+    return CheckedSpecs(
+        [*before, *specs, *after], f"{around}\n{specs.text}", checked, specs.checked_text
+    )
 
 
 def parse_specs(value: Any, where: str) -> CheckedSpecs:
@@ -255,7 +283,13 @@ def build_specs(specs: Sequence[dict[str, Any]]) -> list[LogitsProcessor]:
     (its :class:`CheckedSpecs`) are built as checked there: not walked again, and a
     structured processor takes the grammar its spec's check made."""
     if isinstance(specs, CheckedSpecs):
-        return [_build_checked(spec, specs.text, index) for index, spec in enumerate(specs)]
+        first = specs.checked.start
+        return [
+            _build_checked(spec, specs.checked_text, index - first)
+            if first <= index < specs.checked.stop
+            else from_spec(spec)
+            for index, spec in enumerate(specs)
+        ]
     return [from_spec(spec) for spec in specs]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from anylogits.core.limits import checking_client_side
 from anylogits.core.pipeline import flatten
 from anylogits.core.registry import offered
-from anylogits.core.specs import parse_specs, to_specs
+from anylogits.core.specs import CheckedSpecs, parse_specs, to_specs
 
 SPEC_KEY = "anylogits"
 """The key of a request's processor specs in vLLM ``extra_args`` / ``vllm_xargs``."""
@@ -21,7 +21,7 @@ SPEC_FIELD = f"extra_args[{SPEC_KEY!r}]"
 """How error messages name a request's specs."""
 
 
-def request_specs(extra_args: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+def request_specs(extra_args: dict[str, Any] | None) -> CheckedSpecs | None:
     """The validated specs of one request's ``extra_args``, or ``None`` when it has none.
 
     The value under :data:`SPEC_KEY` is a list of spec dicts, one spec dict, or their JSON
@@ -52,7 +52,7 @@ def validate_request(
     # vLLM turns a ValueError into HTTP 400 and anything else into a 500, so whatever a
     # client sent fails as a ValueError.
     try:
-        specs = request_specs(extra_args) or []
+        specs: list[dict[str, Any]] = request_specs(extra_args) or []
     except ValueError:
         raise
     except Exception as error:
