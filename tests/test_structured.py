@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -186,6 +187,87 @@ def test_the_fused_apply_on_the_host_runs_without_dynamo(monkeypatch: pytest.Mon
     assert not _bitmask._compile_failed
     # Two shape classes per kernel: rows as wide as their words' bits, and narrower.
     assert sorted(map(len, _bitmask._captures.values())) == [2, 2]
+
+
+@pytest.mark.usefixtures("fresh_kernels")
+def test_one_host_row_takes_the_fused_kernel_once_it_is_prepared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A one-row call never compiles (a generation of one sequence would wait for it): the
+    # eager apply serves it until a server's start prepares the kernels, which then serve
+    # it (V=128k, a random mask: 20 against 38 us a call) without Dynamo.
+    def no_dynamo(function: object, **options: object) -> object:
+        raise AssertionError("torch.compile was called")
+
+    eager: list[object] = []
+    real_eager = _bitmask._apply_eager
+
+    def counted_eager(*arguments: object) -> None:
+        eager.append(arguments)
+        real_eager(*arguments)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "compile", no_dynamo)
+    monkeypatch.setattr(_bitmask, "_apply_eager", counted_eager)
+    generator = torch.Generator().manual_seed(2)
+    cases = []
+    for words, width in [(5, 160), (7, 200), (4, 128)]:  # as wide as the words' bits, or not
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (1, words), generator=generator).int()
+        logits = torch.randn(1, width, generator=generator)
+        cases.append((bitmask, logits, _masked_bit_by_bit(logits, bitmask)))
+
+    def apply_all() -> None:
+        for bitmask, logits, expected in cases:
+            assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+            out = torch.empty_like(logits)
+            assert _bitmask.apply_bitmask(logits, bitmask, out=out) is out
+            assert torch.equal(out, expected)
+            with torch.inference_mode():
+                assert torch.equal(_bitmask.apply_bitmask(logits.clone(), bitmask), expected)
+
+    apply_all()
+    assert len(eager) == 3 * len(cases) and not _bitmask._captures  # nothing compiled
+    _bitmask.prepare_bitmask_kernels()
+    eager.clear()
+    apply_all()
+    assert not eager and not _bitmask._compile_failed
+    # Called without AOT autograd's wrappers (~3 us of a 7-10 us call at 49k tokens).
+    calls = [capture.call for made in _bitmask._captures.values() for capture in made]
+    assert {call.__qualname__ for call in calls} == {"_without_wrappers.<locals>.call"}
+    # Several rows take a prepared kernel too: their first call compiles nothing.
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, 3), generator=generator).int()
+    logits = torch.randn(4, 90, generator=generator)
+    assert torch.equal(_bitmask.apply_bitmask(logits, bitmask), _masked_bit_by_bit(logits, bitmask))
+    assert not eager and not _bitmask._compiled_kernels
+
+
+def test_a_process_that_prepares_nothing_applies_one_row_eagerly_and_compiles_nothing() -> None:
+    # A script's generate of one sequence: no Inductor import, no compile, in the first
+    # call or any.
+    script = (
+        "import sys, torch\n"
+        "from anylogits.processors.structured import mask\n"
+        "bitmask = torch.tensor([[0b101, 1]], dtype=torch.int32)\n"
+        "for _ in range(3):\n"
+        "    mask.apply_bitmask(torch.zeros(1, 64), bitmask)\n"
+        "    mask.apply_bitmask(torch.zeros(1, 64), bitmask, out=torch.empty(1, 64))\n"
+        "assert not mask._captures and not mask._compiled_kernels\n"
+        "assert 'torch._inductor.compile_fx' not in sys.modules, 'Inductor imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+def test_a_compiled_module_whose_own_call_writes_otherwise_keeps_its_wrappers() -> None:
+    # Another torch's compiled module: its own call is taken only where it writes what
+    # the wrapped call writes.
+    def wrapped(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+        _bitmask._mask_by_bits(logits, bitmask)
+
+    examples = [torch.empty(1, 64), torch.empty(1, 2, dtype=torch.int32)]
+    for own_call in (lambda tensors: None, lambda tensors: tensors[0].zero_(), 3):
+        wrapped.current_callable = own_call  # type: ignore[attr-defined]
+        assert _bitmask._without_wrappers(wrapped, examples) is wrapped
+    wrapped.current_callable = lambda tensors: _bitmask._mask_by_bits(*tensors)  # type: ignore[attr-defined]
+    assert _bitmask._without_wrappers(wrapped, examples) is not wrapped
 
 
 @pytest.mark.usefixtures("fresh_kernels")
@@ -787,6 +869,7 @@ def unfrozen_heap() -> Any:
     gc.unfreeze()
 
 
+@pytest.mark.usefixtures("fresh_kernels")
 def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker(
     unfrozen_heap: None,
 ) -> None:
@@ -795,6 +878,15 @@ def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker(
 
     vocab = Vocabulary(tokens=VOCAB.tokens, eos_token_ids=VOCAB.eos_token_ids)
     prepare_structured_in_background(vocab).join(timeout=120)
+    assert not _bitmask._captures  # beside a first request, or another compile: not there
+    prepare_structured_in_background(vocab, apply_kernels=True).join(timeout=120)
+    # The apply kernels, for one row and for several (``anylogits serve llama-cpp|mlx``).
+    bitmask = torch.tensor([[0b101, 1]], dtype=torch.int32)
+    for rows in (1, 2):
+        logits = torch.zeros(rows, 64)
+        arguments = (logits, bitmask.expand(rows, -1).contiguous())
+        made = _bitmask._captures[("_mask_by_bits", torch.float32)]
+        assert any(capture.fits(arguments) for capture in made), rows
     built = ENGINE._tokenizers.get(vocab)
     assert built is not None
     assert ENGINE.tokenizer(vocab) is built  # what the first request gets: no second build

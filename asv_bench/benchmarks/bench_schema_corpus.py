@@ -93,9 +93,13 @@ its last walk and copy it for each walk (ours: anylogits' compiled-grammar cache
 ``_Vocab.template``): copies of a matcher share the lexer it builds lazily, so a side
 that compiled afresh for every walk would build that lexer again where the other reuses
 it (a warm lexer fills a mask in ~60% of the time at p50, ~45% on average, at 49k).
-Both sides of each schema run one after the other, which goes first alternating, torch
-on one thread; ``setup_cache`` measures everything once (~2 minutes on 2 busy cores) and
-the ``track_*`` methods read it.
+Both sides' apply kernels are compiled before anything is timed: llguidance's by
+``torch.compile`` at its first call, ours prepared as ``anylogits serve llama-cpp|mlx``
+prepare them at start (``prepare_structured(..., apply_kernels=True)``; a process that
+prepares nothing, a script's ``generate``, applies one row with the eager lookup:
+4-6 us more a step at p50, 128k). Both sides of each schema run one after the other, which
+goes first alternating, torch on one thread; ``setup_cache`` measures everything once
+(~2 minutes on 2 busy cores) and the ``track_*`` methods read it.
 
 The two sides' timed code is :mod:`schema_walks`.
 ``python -m asv_bench.benchmarks.bench_schema_corpus`` prints the same numbers as a table;
@@ -321,8 +325,12 @@ def example_text(schema: dict) -> str | None:
 
 
 def _warm_up(vocab: _Vocab) -> None:
-    """Both sides' apply kernels (llguidance's and ours at B >= 2 are ``torch.compile``d)
-    and lazily built state, on a small schema, untimed."""
+    """Both sides' apply kernels (llguidance's is ``torch.compile``d on first use; ours
+    are prepared as ``anylogits serve llama-cpp|mlx`` prepare them at start) and lazily
+    built state, on a small schema, untimed."""
+    from anylogits.processors.structured.warm import prepare_structured
+
+    prepare_structured(vocab.vocabulary, apply_kernels=True)
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
     path = vocab.path(schema)
     assert path is not None

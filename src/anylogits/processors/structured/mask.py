@@ -3,10 +3,12 @@ int32 tensor whose bit ``j`` of word ``w`` allows token ``32 w + j``.
 
 :func:`apply_bitmask` sets every disallowed logit to ``-inf`` for the whole batch at
 once, on the logits' own device. The fast path is one fused kernel compiled by
-Inductor (bits unpacked and logits masked in one pass, no temporary) for two rows or
-more: on the host, traced once per shape class and called without Dynamo's per-call
-frame hook (:class:`_Capture`), elsewhere through ``torch.compile``. The eager path (a
-half-word lookup table) serves single rows, everything with
+Inductor (bits unpacked and logits masked in one pass, no temporary): on the host,
+traced once per shape class and called without Dynamo's per-call frame hook
+(:class:`_Capture`), elsewhere through ``torch.compile``. Two rows or more compile it
+when first needed; a single row on the host takes it once :func:`prepare_bitmask_kernels`
+has captured it (a server's start), and single rows on an accelerator never do. The
+eager path (a half-word lookup table) serves single rows until then, everything with
 ``ANYLOGITS_COMPILE_BITMASK=0``, and takes over (with one warning) wherever compiling
 fails. Measurements: docs/design-notes.md.
 """
@@ -93,9 +95,11 @@ def apply_bitmask(
     """
     reused = bitmask if isinstance(bitmask, ReusedBitmask) else None
     packed = bitmask.tensor if isinstance(bitmask, ReusedBitmask) else bitmask
-    # One row: the eager lookup is faster in a generation loop (measured at V=128k on
-    # CPU: 160 against 200 us per token; a compiled call's guards run on cold caches).
-    fused = COMPILE and logits.shape[0] > 1
+    one_row = logits.shape[0] == 1
+    # One row: through Dynamo the eager lookup is faster in a generation loop (V=128k on
+    # CPU: 160 against 200 us per token; its guards run on cold caches); captured on the
+    # host, the fused kernel is not (V=128k, a random mask: 20 against 38 us a call).
+    fused = COMPILE and (not one_row or logits.is_cpu)
     # The fused kernels read the bitmask where the logits are (filled on the host: one
     # copy that does not block it); the eager path reads it on the host.
     placed = to_device(packed, logits.device) if fused else packed
@@ -114,7 +118,11 @@ def apply_bitmask(
             if out is None
             else (_mask_by_bits_into, (source, placed, target))
         )
-        if _apply_compiled(kernel, *arguments):
+        if (
+            _apply_captured_row(kernel, arguments)
+            if one_row
+            else _apply_compiled(kernel, *arguments)
+        ):
             return result
     _apply_eager(source, packed, target, reused)
     return result
@@ -203,13 +211,48 @@ class _Capture:
                 raise RuntimeError("the trace has no symbolic sizes")
             guards = fake_mode.shape_env.produce_guards_expression(fakes, ignore_static=False)
             with fake_mode:
-                self.call = torch._inductor.compile(graph, fakes)
+                compiled = torch._inductor.compile(graph, fakes)
+            self.call = _without_wrappers(compiled, _examples(arguments))
         # What ShapeEnv.evaluate_guards_expression evaluates, compiled once.
         self._guards = eval(f"lambda L: {guards or 'True'}", dict(SYMPY_INTERP))
 
     def fits(self, arguments: tuple[torch.Tensor, ...]) -> bool:
         """Whether the trace's assumptions hold for ``arguments``."""
         return bool(self._guards({f"t{index}": tensor for index, tensor in enumerate(arguments)}))
+
+
+def _without_wrappers(
+    compiled: Callable[..., Any], examples: list[torch.Tensor]
+) -> Callable[..., Any]:
+    """The compiled module's own ``call`` (the kernel, on arguments whose sizes it reads),
+    without AOT autograd's runtime wrappers around it: ~3 us of a one-row call that takes
+    7-10 us at 49k tokens. Only where it writes what the wrapped call writes on random
+    arguments; otherwise ``compiled`` itself (another torch's internals)."""
+    runner = getattr(compiled, "current_callable", None)
+    if not callable(runner):
+        return compiled
+    generator = torch.Generator().manual_seed(0)
+    direct = [_random_like(tensor, generator) for tensor in examples]
+    wrapped = [tensor.clone() for tensor in direct]
+    try:
+        result = runner(list(direct))
+        compiled(*wrapped)
+    except Exception:  # its calling convention differs: keep the wrappers
+        return compiled
+    returned_nothing = result is None or (isinstance(result, tuple) and not result)
+    if not returned_nothing or not all(map(torch.equal, direct, wrapped)):
+        return compiled
+
+    def call(*tensors: torch.Tensor) -> None:
+        runner(list(tensors))  # the list is the module's to clear
+
+    return call
+
+
+def _random_like(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    if tensor.is_floating_point():
+        return torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+    return torch.randint(-(2**31), 2**31 - 1, tensor.shape, generator=generator).to(tensor.dtype)
 
 
 def _examples(arguments: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -220,8 +263,12 @@ def _examples(arguments: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     logits, bitmask = arguments[0], arguments[1]
     words = 5
     width = 32 * words if logits.shape[1] == 32 * bitmask.shape[1] else 32 * words - 10
+    # One row is a shape class of its own: a traced size 1 is specialized.
+    rows = 1 if logits.shape[0] == 1 else 3
     return [
-        torch.empty((3, width) if tensor.is_floating_point() else (3, words), dtype=tensor.dtype)
+        torch.empty(
+            (rows, width) if tensor.is_floating_point() else (rows, words), dtype=tensor.dtype
+        )
         for tensor in arguments
     ]
 
@@ -236,10 +283,9 @@ _CAPTURES_PER_KERNEL = 4
 _LAYOUTS = 512
 
 
-def _captured(kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]) -> _Capture | None:
-    """The capture of ``kernel`` that fits ``arguments``, made on first need; ``None``
-    where none does (the caller then runs the Dynamo-compiled kernel)."""
-    layout = (
+def _layout(kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """What decides whether a capture fits ``arguments``."""
+    return (
         kernel,
         *[
             (tensor.shape, tensor.stride(), tensor.storage_offset(), tensor.dtype)
@@ -248,15 +294,66 @@ def _captured(kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]) 
         arguments[0].device,
         arguments[0].requires_grad,
     )
+
+
+def _captured(kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]) -> _Capture | None:
+    """The capture of ``kernel`` that fits ``arguments``, made on first need; ``None``
+    where none does (the caller then runs the Dynamo-compiled kernel)."""
+    layout = _layout(kernel, arguments)
     try:
         return _capture_of_layout[layout]
     except KeyError:
         pass
     capture = _capture_fitting(kernel, arguments)
+    _keep_capture(layout, capture)
+    return capture
+
+
+def _keep_capture(layout: tuple[Any, ...], capture: _Capture | None) -> None:
     if len(_capture_of_layout) >= _LAYOUTS:
         _capture_of_layout.clear()
     _capture_of_layout[layout] = capture
-    return capture
+
+
+def _apply_captured_row(kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]) -> bool:
+    """Run ``kernel`` on one host row through a capture :func:`prepare_bitmask_kernels`
+    made; ``False`` where there is none that fits (the eager apply serves the call). A
+    one-row call never compiles: a generation of one sequence would wait for it (seconds
+    on 2 cores), and in a thread the compile slowed a real model's first tokens 3-4x."""
+    if _compile_failed or arguments[0].requires_grad:  # autograd is Dynamo's business
+        return False
+    kept = _captures.get((kernel.__name__, arguments[0].dtype))
+    if not kept:
+        return False
+    layout = _layout(kernel, arguments)
+    capture = _capture_of_layout.get(layout)
+    if capture is None:
+        capture = next((made for made in list(kept) if made.fits(arguments)), None)
+        if capture is None:
+            return False  # not kept: one prepared later may fit
+        _keep_capture(layout, capture)
+    capture.call(*arguments)
+    return True
+
+
+def prepare_bitmask_kernels() -> None:
+    """Capture the fused apply for one row and for several, in place and into an output,
+    float32 logits on the host, rows as wide as their words' bits and narrower: what a
+    server's first requests would otherwise compile (several rows) or go without (one row).
+    Nothing with ``ANYLOGITS_COMPILE_BITMASK=0`` or ``TORCH_COMPILE_DISABLE``. On 2 cores
+    ~4 s with Inductor's on-disk cache, ~12 s without, and ~150 MB more resident."""
+    if not COMPILE or _compile_failed or _compile_disabled():
+        return
+    for rows in (1, 3):
+        for width in (160, 150):
+            logits, bitmask = torch.empty(rows, width), torch.empty(rows, 5, dtype=torch.int32)
+            cases = (
+                (_mask_by_bits, (logits, bitmask)),
+                (_mask_by_bits_into, (logits, bitmask, torch.empty(rows, width))),
+            )
+            for kernel, arguments in cases:
+                with _compile_lock:  # Dynamo's and Inductor's compilation are not thread-safe
+                    _capture_fitting(kernel, arguments)
 
 
 def _compile_disabled() -> bool:

@@ -19,10 +19,17 @@ def llguidance_installed() -> bool:
     return importlib.util.find_spec("llguidance") is not None
 
 
-def prepare_structured(vocab: Vocabulary) -> None:
+def prepare_structured(vocab: Vocabulary, *, apply_kernels: bool = False) -> None:
     """Build now what a process's first structured request would otherwise wait for:
     llguidance's tokenizer for ``vocab`` (about 1 s at 128k tokens) and the grammar
-    checking process. Nothing where llguidance is not installed."""
+    checking process. Nothing where llguidance is not installed.
+
+    With ``apply_kernels``, the fused bitmask apply too (compiled by a batch's first call,
+    used for one row only once prepared: ``mask.prepare_bitmask_kernels``, 4-12 s of a
+    core, ~150 MB): for a server that prepares at its start, before requests. Not where the
+    preparation runs beside a first request (its tokens would be 3-4x slower meanwhile)
+    or beside another compile (vLLM's of its model: two threads' compilations are not
+    safe)."""
     if not llguidance_installed():
         return
     from anylogits.processors.structured.engine import ENGINE
@@ -30,6 +37,10 @@ def prepare_structured(vocab: Vocabulary) -> None:
 
     ENGINE.tokenizer(vocab)
     GUARD.warm()
+    if apply_kernels:
+        from anylogits.processors.structured.mask import prepare_bitmask_kernels
+
+        prepare_bitmask_kernels()
 
 
 def freeze_startup_heap() -> None:
@@ -45,14 +56,16 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def prepare_structured_in_background(vocab: Vocabulary) -> threading.Thread:
+def prepare_structured_in_background(
+    vocab: Vocabulary, *, apply_kernels: bool = False
+) -> threading.Thread:
     """:func:`prepare_structured` in a daemon thread, then :func:`freeze_startup_heap`,
     whose one collection is paid at start, not in a request; a failure is logged, and the
     first structured request builds what it needs itself."""
 
     def prepare() -> None:
         try:
-            prepare_structured(vocab)
+            prepare_structured(vocab, apply_kernels=apply_kernels)
         except Exception as error:  # the request that needs it gets the error itself
             logger.warning("anylogits: preparing structured generation failed: %s", error)
         freeze_startup_heap()
