@@ -879,14 +879,16 @@ def test_a_server_prepares_the_first_structured_request_s_tokenizer_and_checker(
     vocab = Vocabulary(tokens=VOCAB.tokens, eos_token_ids=VOCAB.eos_token_ids)
     prepare_structured_in_background(vocab).join(timeout=120)
     assert not _bitmask._captures  # beside a first request, or another compile: not there
-    prepare_structured_in_background(vocab, apply_kernels=True).join(timeout=120)
-    # The apply kernels, for one row and for several (``anylogits serve llama-cpp|mlx``).
+    thread = prepare_structured_in_background(vocab, apply_kernels=True)
+    # The apply kernels, for one row and for several (``anylogits serve llama-cpp|mlx``),
+    # before the call returns: a server takes no request beside their compile.
     bitmask = torch.tensor([[0b101, 1]], dtype=torch.int32)
     for rows in (1, 2):
         logits = torch.zeros(rows, 64)
         arguments = (logits, bitmask.expand(rows, -1).contiguous())
         made = _bitmask._captures[("_mask_by_bits", torch.float32)]
         assert any(capture.fits(arguments) for capture in made), rows
+    thread.join(timeout=120)
     built = ENGINE._tokenizers.get(vocab)
     assert built is not None
     assert ENGINE.tokenizer(vocab) is built  # what the first request gets: no second build

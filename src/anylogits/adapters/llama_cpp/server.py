@@ -293,7 +293,7 @@ def create_app(
     llm = proxy()
     serve_requests(llm)
     vocabulary = vocabulary_of(llm)
-    prepare_structured_in_background(vocabulary, apply_kernels=True)  # before requests
+    prepare_structured_in_background(vocabulary, apply_kernels=True)
     app.add_middleware(SpecAdmission, vocabulary=vocabulary)
     return app
 

@@ -253,7 +253,7 @@ def handler_for(model_provider: Any) -> type[AnyLogitsHandler]:
         time.sleep(0.05)
     served = {DEFAULT_MODEL, model_provider.cli_args.model}
     vocabulary = _vocabulary_of(model_provider.tokenizer)
-    prepare_structured_in_background(vocabulary, apply_kernels=True)  # before requests
+    prepare_structured_in_background(vocabulary, apply_kernels=True)
     attributes = {
         "vocabulary": vocabulary,
         "served_models": frozenset(name for name in served if name),

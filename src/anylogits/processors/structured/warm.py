@@ -26,10 +26,9 @@ def prepare_structured(vocab: Vocabulary, *, apply_kernels: bool = False) -> Non
 
     With ``apply_kernels``, the fused bitmask apply too (compiled by a batch's first call,
     used for one row only once prepared: ``mask.prepare_bitmask_kernels``, 4-12 s of a
-    core, ~150 MB): for a server that prepares at its start, before requests. Not where the
-    preparation runs beside a first request (its tokens would be 3-4x slower meanwhile)
-    or beside another compile (vLLM's of its model: two threads' compilations are not
-    safe)."""
+    core, ~150 MB): for a server, before it takes requests. Not beside a request (its
+    tokens were 3-4x slower meanwhile) or beside another compile (vLLM's of its model:
+    two threads' compilations are not safe)."""
     if not llguidance_installed():
         return
     from anylogits.processors.structured.engine import ENGINE
@@ -61,11 +60,23 @@ def prepare_structured_in_background(
 ) -> threading.Thread:
     """:func:`prepare_structured` in a daemon thread, then :func:`freeze_startup_heap`,
     whose one collection is paid at start, not in a request; a failure is logged, and the
-    first structured request builds what it needs itself."""
+    first structured request builds what it needs itself.
+
+    ``apply_kernels`` are prepared first, in the calling thread: the server starts that
+    much later (on 2 cores ~4 s with Inductor's on-disk cache, ~12 s without), where in
+    the background its first requests ran beside the compile, 3x slower (the hostile-spec
+    suite's latency bound failed on the llama.cpp server in CI)."""
+    if apply_kernels and llguidance_installed():
+        from anylogits.processors.structured.mask import prepare_bitmask_kernels
+
+        try:
+            prepare_bitmask_kernels()
+        except Exception as error:  # the eager apply serves one row; a batch compiles
+            logger.warning("anylogits: preparing the bitmask apply failed: %s", error)
 
     def prepare() -> None:
         try:
-            prepare_structured(vocab, apply_kernels=apply_kernels)
+            prepare_structured(vocab)
         except Exception as error:  # the request that needs it gets the error itself
             logger.warning("anylogits: preparing structured generation failed: %s", error)
         freeze_startup_heap()
