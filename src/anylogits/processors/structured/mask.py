@@ -322,13 +322,12 @@ def _apply_captured_row(kernel: Callable[..., None], arguments: tuple[torch.Tens
     on 2 cores), and in a thread the compile slowed a real model's first tokens 3-4x."""
     if _compile_failed or arguments[0].requires_grad:  # autograd is Dynamo's business
         return False
-    kept = _captures.get((kernel.__name__, arguments[0].dtype))
-    if not kept:
+    if not _captures.get((kernel.__name__, arguments[0].dtype)):
         return False
     layout = _layout(kernel, arguments)
     capture = _capture_of_layout.get(layout)
     if capture is None:
-        capture = next((made for made in list(kept) if made.fits(arguments)), None)
+        capture = _capture_fitting(kernel, arguments, make=False)
         if capture is None:
             return False  # not kept: one prepared later may fit
         _keep_capture(layout, capture)
@@ -363,8 +362,10 @@ def _compile_disabled() -> bool:
 
 
 def _capture_fitting(
-    kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...]
+    kernel: Callable[..., None], arguments: tuple[torch.Tensor, ...], make: bool = True
 ) -> _Capture | None:
+    """A capture of ``kernel`` that fits ``arguments``: a kept one, else (``make``) a new
+    one where the kernel has room for it."""
     # Host tensors only: on an accelerator Dynamo's path is the one tested
     # (tools/gpu_check.py). Autograd is Dynamo's business too.
     if arguments[0].requires_grad or not all(tensor.is_cpu for tensor in arguments):
@@ -376,10 +377,10 @@ def _capture_fitting(
         return None
     kept = _captures.setdefault(key, [])
     try:
-        for capture in kept:
+        for capture in list(kept):  # another thread may be preparing one
             if capture.fits(arguments):
                 return capture
-        if len(kept) >= _CAPTURES_PER_KERNEL:
+        if not make or len(kept) >= _CAPTURES_PER_KERNEL:
             return None
         capture = _Capture(kernel, arguments)
         if not capture.fits(arguments):

@@ -37,9 +37,13 @@ def prepare_structured(vocab: Vocabulary, *, apply_kernels: bool = False) -> Non
     ENGINE.tokenizer(vocab)
     GUARD.warm()
     if apply_kernels:
-        from anylogits.processors.structured.mask import prepare_bitmask_kernels
+        _prepare_apply_kernels()
 
-        prepare_bitmask_kernels()
+
+def _prepare_apply_kernels() -> None:
+    from anylogits.processors.structured.mask import prepare_bitmask_kernels
+
+    prepare_bitmask_kernels()
 
 
 def freeze_startup_heap() -> None:
@@ -67,10 +71,8 @@ def prepare_structured_in_background(
     the background its first requests ran beside the compile, 3x slower (the hostile-spec
     suite's latency bound failed on the llama.cpp server in CI)."""
     if apply_kernels and llguidance_installed():
-        from anylogits.processors.structured.mask import prepare_bitmask_kernels
-
         try:
-            prepare_bitmask_kernels()
+            _prepare_apply_kernels()
         except Exception as error:  # the eager apply serves one row; a batch compiles
             logger.warning("anylogits: preparing the bitmask apply failed: %s", error)
 
