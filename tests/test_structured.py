@@ -167,14 +167,20 @@ def fresh_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_bitmask, "_uncapturable", set())
 
 
-@pytest.mark.usefixtures("fresh_kernels")
-def test_the_fused_apply_on_the_host_runs_without_dynamo(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Dynamo's frame hook, guards and wrappers cost ~50 us a step at B=32 (8% at 49k
-    # tokens): host tensors take the kernel traced and compiled once, guards checked here.
-    def no_dynamo(function: object, **options: object) -> object:
+@pytest.fixture
+def no_dynamo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile`` fails the test if called."""
+
+    def refused(function: object, **options: object) -> object:
         raise AssertionError("torch.compile was called")
 
-    monkeypatch.setattr(torch, "compile", no_dynamo)
+    monkeypatch.setattr(torch, "compile", refused)
+
+
+@pytest.mark.usefixtures("fresh_kernels", "no_dynamo")
+def test_the_fused_apply_on_the_host_runs_without_dynamo() -> None:
+    # Dynamo's frame hook, guards and wrappers cost ~50 us a step at B=32 (8% at 49k
+    # tokens): host tensors take the kernel traced and compiled once, guards checked here.
     generator = torch.Generator().manual_seed(0)
     for rows, words, width in [(2, 2, 64), (3, 5, 150), (5, 5, 160), (4, 4, 100)]:
         bitmask = torch.randint(-(2**31), 2**31 - 1, (rows, words), generator=generator).int()
@@ -189,16 +195,13 @@ def test_the_fused_apply_on_the_host_runs_without_dynamo(monkeypatch: pytest.Mon
     assert sorted(map(len, _bitmask._captures.values())) == [2, 2]
 
 
-@pytest.mark.usefixtures("fresh_kernels")
+@pytest.mark.usefixtures("fresh_kernels", "no_dynamo")
 def test_one_host_row_takes_the_fused_kernel_once_it_is_prepared(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A one-row call never compiles (a generation of one sequence would wait for it): the
     # eager apply serves it until a server's start prepares the kernels, which then serve
     # it (V=128k, a random mask: 20 against 38 us a call) without Dynamo.
-    def no_dynamo(function: object, **options: object) -> object:
-        raise AssertionError("torch.compile was called")
-
     eager: list[object] = []
     real_eager = _bitmask._apply_eager
 
@@ -206,7 +209,6 @@ def test_one_host_row_takes_the_fused_kernel_once_it_is_prepared(
         eager.append(arguments)
         real_eager(*arguments)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch, "compile", no_dynamo)
     monkeypatch.setattr(_bitmask, "_apply_eager", counted_eager)
     generator = torch.Generator().manual_seed(2)
     cases = []
